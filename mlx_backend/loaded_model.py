@@ -1,0 +1,26 @@
+"""The result of loading a model: what the executor and the server need from it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class LoadedModel:
+    """A loaded mlx-lm model plus its tokenizer.
+
+    Attributes:
+        model: an mlx-lm ``nn.Module`` (``model(inputs, cache=...) -> logits``).
+        tokenizer: mlx-lm ``TokenizerWrapper`` (``encode``, ``decode``,
+            ``apply_chat_template``, ``eos_token_ids``, ``detokenizer``).
+        model_id: the name served in ``/v1/models`` and checked against ``model`` fields.
+        config: the model's config dict (``config.json`` shape).
+        context_length: the longest prompt + completion the model is served with.
+    """
+
+    model: Any
+    tokenizer: Any
+    model_id: str
+    config: dict = field(default_factory=dict)
+    context_length: int = 2048

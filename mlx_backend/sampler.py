@@ -1,0 +1,63 @@
+"""Batched sampling with per-row parameters: one set of array ops for the whole batch."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+from scheduler.batch import SamplingArrays
+
+
+def _filtered_logits(
+    logits: mx.array, top_k: mx.array, top_p: mx.array, min_p: mx.array
+) -> mx.array:
+    """Mask (to -inf) the tokens that each row's top_k / top_p / min_p filters remove."""
+    V = logits.shape[-1]
+    order = mx.argsort(-logits, axis=-1)  # [B, V], most likely first
+    sorted_logits = mx.take_along_axis(logits, order, axis=-1)
+    sorted_probs = mx.softmax(sorted_logits, axis=-1)
+    rank = mx.arange(V, dtype=mx.int32)[None, :]
+    k = mx.where(top_k > 0, top_k, V)[:, None]
+    keep = rank < k
+    # top_p keeps the smallest prefix whose mass reaches p: a token stays while the mass
+    # before it is still below p (so the most likely token always stays).
+    mass_before = mx.cumsum(sorted_probs, axis=-1) - sorted_probs
+    keep = keep & (mass_before < top_p[:, None])
+    keep = keep & (sorted_probs >= min_p[:, None] * sorted_probs[:, :1])
+    sorted_logits = mx.where(keep, sorted_logits, -mx.inf)
+    # Scatter back to vocabulary order.
+    inverse = mx.argsort(order, axis=-1)
+    return mx.take_along_axis(sorted_logits, inverse, axis=-1)
+
+
+class Sampler:
+    """Picks one token per row: argmax where temperature is 0, otherwise a draw from the
+    temperature-scaled, filtered distribution."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self._key = mx.random.key(seed)
+
+    def __call__(self, logits: mx.array, params: SamplingArrays) -> mx.array:
+        """Args:
+            logits: float ``[B, V]``, the logits of each row's last position.
+            params: per-row sampling parameters.
+        Returns:
+            int32 ``[B]`` token ids.
+        """
+        logits = logits.astype(mx.float32)
+        greedy = mx.argmax(logits, axis=-1).astype(mx.int32)
+        temperature = params.temperature
+        if not (temperature > 0).any():
+            return greedy
+        needs_filter = (
+            (params.top_k > 0).any() or (params.top_p < 1).any() or (params.min_p > 0).any()
+        )
+        safe_t = mx.array(np.where(temperature > 0, temperature, 1.0).astype(np.float32))
+        scaled = logits / safe_t[:, None]
+        if needs_filter:
+            scaled = _filtered_logits(
+                scaled, mx.array(params.top_k), mx.array(params.top_p), mx.array(params.min_p)
+            )
+        self._key, sub = mx.random.split(self._key)
+        sampled = mx.random.categorical(scaled, axis=-1, key=sub).astype(mx.int32)
+        return mx.where(mx.array(temperature > 0), sampled, greedy)

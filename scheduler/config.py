@@ -1,0 +1,35 @@
+"""Engine configuration: one frozen dataclass whose field defaults are the CLI defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Sizes and limits of the engine.
+
+    Attributes:
+        max_total_tokens: token slots in the KV pool (0 = derive from free memory).
+        max_running_requests: rows of the request table (the largest decode batch).
+        max_prefill_tokens: token budget of one prefill forward (several requests pack into
+            it; a longer prompt is prefilled in chunks of at most this many tokens).
+        mem_fraction: share of free memory the KV pool may take when sizing automatically.
+        seed: seed of the engine's sampling RNG.
+    """
+
+    max_total_tokens: int = 0
+    max_running_requests: int = 32
+    max_prefill_tokens: int = 2048
+    mem_fraction: float = 0.5
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_total_tokens < 0:
+            raise ValueError(f"max_total_tokens must be >= 0, got {self.max_total_tokens}")
+        if self.max_running_requests < 1:
+            raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
+        if self.max_prefill_tokens < 1:
+            raise ValueError(f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
+        if not 0 < self.mem_fraction <= 1:
+            raise ValueError(f"mem_fraction must be in (0, 1], got {self.mem_fraction}")

@@ -1,0 +1,234 @@
+"""The engine thread: one loop of schedule -> forward -> process, fed by a thread-safe inbox."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+from mlx_backend.executor import Executor
+from mlx_backend.kv_pool import KVPool, probe_layer_shapes
+from mlx_backend.loaded_model import LoadedModel
+from mlx_backend.memory import derive_pool_tokens
+from scheduler.config import EngineConfig
+from scheduler.outputs import RequestOutput
+from scheduler.request import Request
+from scheduler.sampling_params import SamplingParams
+from scheduler.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+
+class Engine:
+    """Owns MLX (through the executor) on one thread; everything else talks to it through
+    ``add_request`` / ``abort``, which are thread-safe.
+
+    Args:
+        loaded: the model and tokenizer.
+        config: pool sizes and limits.
+    """
+
+    def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
+        self.loaded = loaded
+        self.config = config
+        self.scheduler: Scheduler | None = None
+        self.executor: Executor | None = None
+        self.pool_tokens = 0
+        self.max_context_len = 0
+        self.error: BaseException | None = None
+        self._inbox: queue.Queue = queue.Queue()
+        self._requests: dict[str, Request] = {}
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        # Requests submitted and not yet finished (any thread reads it for wait_idle).
+        self._unfinished = 0
+        self._unfinished_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    # ----------------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        """Start the engine thread and wait until its pools are allocated.
+
+        Raises:
+            RuntimeError: the engine failed to set up (the cause is chained).
+        """
+        self._thread = threading.Thread(target=self._run, name="mlxserve-engine", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self.error is not None:
+            raise RuntimeError(f"engine failed to start: {self.error}") from self.error
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._inbox.put(("wake", None))
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    @property
+    def is_alive(self) -> bool:
+        return (
+            self._thread is not None
+            and self._thread.is_alive()
+            and self.error is None
+            and self._ready.is_set()
+        )
+
+    # ----------------------------------------------------------------- API (any thread)
+    def add_request(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        on_output: Callable[[RequestOutput], None],
+    ) -> None:
+        """Queue a request. ``on_output`` is called from the engine thread with each step's
+        new tokens; exactly one call has ``finished=True``."""
+        req = Request(request_id, list(prompt_ids), params, on_output)
+        with self._unfinished_lock:
+            self._unfinished += 1
+        self._inbox.put(("add", req))
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request and free its slots in the next step (idempotent)."""
+        self._inbox.put(("abort", request_id))
+
+    def wait_idle(self, timeout: float = 30.0) -> bool:
+        """Block until no request is queued or running; False on timeout."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._unfinished == 0:
+                return True
+            if not self.is_alive:
+                return False
+            time.sleep(0.01)
+        return False
+
+    def check_integrity(self) -> None:
+        """Assert no slot leaked. Call only when idle (``wait_idle``)."""
+        assert self.scheduler is not None, "engine not started"
+        assert not self.scheduler.has_work(), "check_integrity needs an idle engine"
+        self.scheduler.check_integrity()
+
+    # ----------------------------------------------------------------- engine thread
+    def _setup(self) -> None:
+        """Size the pools from the model's real K/V shapes and build executor + scheduler."""
+        model = self.loaded.model
+        shapes = probe_layer_shapes(model)
+        per_token = KVPool.bytes_per_token(shapes)
+        cap = self.config.max_running_requests * self.loaded.context_length
+        pool_tokens = self.config.max_total_tokens or derive_pool_tokens(
+            per_token, self.config.mem_fraction, cap
+        )
+        self.pool_tokens = pool_tokens
+        self.max_context_len = min(self.loaded.context_length, pool_tokens)
+        self.executor = Executor(model, pool_tokens, shapes, seed=self.config.seed)
+        eos = set(getattr(self.loaded.tokenizer, "eos_token_ids", None) or [])
+        self.scheduler = Scheduler(self.config, pool_tokens, self.max_context_len, eos)
+        logger.info(
+            "KV pool: %d token slots x %d layers (%.1f MiB, %d bytes/token), %d request rows, "
+            "context %d, prefill chunk %d",
+            pool_tokens,
+            len(shapes),
+            pool_tokens * per_token / 2**20,
+            per_token,
+            self.config.max_running_requests,
+            self.max_context_len,
+            self.config.max_prefill_tokens,
+        )
+
+    def _run(self) -> None:
+        try:
+            self._setup()
+        except BaseException as e:  # noqa: BLE001 - reported through start()
+            self.error = e
+            self._ready.set()
+            return
+        self._ready.set()
+        try:
+            while not self._stop.is_set():
+                self.step()
+        except BaseException as e:
+            logger.exception("engine thread died")
+            self.error = e
+            self._fail_everything(f"engine died: {e}")
+
+    def step(self) -> None:
+        """One engine step: take inbox messages, then schedule -> forward -> process."""
+        sched = self.scheduler
+        self._drain_inbox(block=not sched.has_work())
+        batch = sched.schedule()
+        if batch is None:
+            return
+        try:
+            out = self.executor.forward(batch)
+        except Exception as e:
+            logger.exception("forward failed; failing %d requests", batch.batch_size)
+            for req in sched.fail_in_flight():
+                self._deliver(req, sched.make_event(req, [], "error", error=str(e)))
+            return
+        for event in sched.process(batch, out):
+            self._deliver(self._requests[event.request_id], event)
+
+    def _drain_inbox(self, block: bool) -> None:
+        try:
+            msg = self._inbox.get(timeout=0.1) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._handle(*msg)
+            try:
+                msg = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle(self, kind: str, payload) -> None:
+        sched = self.scheduler
+        if kind == "add":
+            req: Request = payload
+            if req.request_id in self._requests:
+                self._deliver(req, sched.make_event(req, [], "error", error="duplicate id"))
+                return
+            try:
+                sched.add(req)
+            except ValueError as e:
+                self._deliver(req, sched.make_event(req, [], "error", error=str(e)))
+                return
+            self._requests[req.request_id] = req
+        elif kind == "abort":
+            req = sched.abort(payload)
+            if req is not None:
+                self._deliver(req, sched.make_event(req, [], "abort"))
+
+    def _deliver(self, req: Request, event: RequestOutput) -> None:
+        """Hand an event to the request's consumer; a consumer that raises fails only its
+        own request."""
+        if event.finished:
+            if self._requests.get(req.request_id) is req:
+                del self._requests[req.request_id]
+            with self._unfinished_lock:
+                self._unfinished -= 1
+        try:
+            req.on_output(event)
+        except Exception as e:
+            logger.exception("output callback of %s failed", req.request_id)
+            if not event.finished:
+                self.scheduler.abort(req.request_id)
+                self._requests.pop(req.request_id, None)
+                with self._unfinished_lock:
+                    self._unfinished -= 1
+                try:
+                    req.on_output(self.scheduler.make_event(req, [], "error", error=str(e)))
+                except Exception:
+                    pass
+
+    def _fail_everything(self, message: str) -> None:
+        for req in list(self._requests.values()):
+            try:
+                req.on_output(self.scheduler.make_event(req, [], "error", error=message))
+            except Exception:
+                pass
+        self._requests.clear()
+        with self._unfinished_lock:
+            self._unfinished = 0

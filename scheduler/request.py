@@ -1,0 +1,75 @@
+"""A request's state inside the engine, with its lengths as named properties."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from scheduler.outputs import RequestOutput
+from scheduler.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    """One generation request.
+
+    Lengths (``seq_len = prompt_len + output_len``)::
+
+        all_ids:   | prompt ............ | output ...... |
+                   |<- cached_len ->|<- pending_len ->|
+                   KV in the pool     fed in the next forward(s)
+
+    ``pending_len`` is 1 while decoding and more while (chunk-)prefilling. A preempted
+    request has ``cached_len = 0`` and recomputes ``prompt + output`` on resume.
+    """
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    on_output: Callable[[RequestOutput], None]
+    arrival: int = 0
+    output_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    row: int | None = None
+    cached_len: int = 0
+    # Slots written into this request's row: cached_len plus the in-flight chunk.
+    allocated_len: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.prompt_ids:
+            raise ValueError(f"request {self.request_id}: empty prompt")
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def output_len(self) -> int:
+        return len(self.output_ids)
+
+    @property
+    def seq_len(self) -> int:
+        return self.prompt_len + self.output_len
+
+    @property
+    def pending_len(self) -> int:
+        return self.seq_len - self.cached_len
+
+    @property
+    def remaining_tokens(self) -> int:
+        """Tokens this request may still generate."""
+        return self.params.max_tokens - self.output_len
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """Tokens of ``prompt + output`` in ``[start, end)``."""
+        assert 0 <= start <= end <= self.seq_len, (start, end, self.seq_len)
+        if end <= self.prompt_len:
+            return self.prompt_ids[start:end]
+        return (self.prompt_ids + self.output_ids)[start:end]

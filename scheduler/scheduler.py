@@ -1,0 +1,273 @@
+"""Continuous batching on numpy: who runs next, which slots they write, preemption, finish."""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+
+import numpy as np
+
+from kvpool import ReqToTokenPool, TokenToKVPoolAllocator
+from scheduler.batch import ForwardBatch, ForwardOutput, SamplingArrays
+from scheduler.config import EngineConfig
+from scheduler.outputs import FinishReason, RequestOutput
+from scheduler.request import Request, RequestStatus
+
+logger = logging.getLogger(__name__)
+
+# Share of a running request's remaining max_tokens kept free when admitting new work.
+# Admission is optimistic (most requests stop well before max_tokens); preemption by
+# recomputation handles the rest.
+DECODE_RESERVE_RATIO = 0.25
+
+
+class Scheduler:
+    """Waiting queue, running set, and the slot bookkeeping behind them.
+
+    A step is a prefill step (new requests and next chunks of long prompts, packed up to
+    ``max_prefill_tokens``) or a decode step (one token for every running request whose
+    prompt is fully in the pool). While both kinds of work exist the two alternate, so a
+    long prompt arriving never stalls running streams for more than one chunk.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        pool_tokens: int,
+        max_context_len: int,
+        eos_token_ids: set[int],
+    ) -> None:
+        self.config = config
+        self.req_pool = ReqToTokenPool(config.max_running_requests, max_context_len)
+        self.allocator = TokenToKVPoolAllocator(pool_tokens)
+        self.max_context_len = max_context_len
+        self.eos_token_ids = set(eos_token_ids)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+        self._in_flight: list[Request] = []
+        self._last_phase = "decode"
+        self._arrivals = 0
+
+    # ----------------------------------------------------------------- queue changes
+    def add(self, req: Request) -> None:
+        """Queue a request.
+
+        Raises:
+            ValueError: the prompt leaves no room to generate within the context.
+        """
+        if req.prompt_len >= self.max_context_len:
+            raise ValueError(
+                f"prompt of {req.prompt_len} tokens leaves no room to generate within the "
+                f"context of {self.max_context_len} tokens"
+            )
+        self._arrivals += 1
+        req.arrival = self._arrivals
+        self.waiting.append(req)
+
+    def abort(self, request_id: str) -> Request | None:
+        """Remove a request wherever it is and free all its slots; ``None`` if unknown."""
+        for req in self.waiting:
+            if req.request_id == request_id:
+                self.waiting.remove(req)
+                req.status = RequestStatus.FINISHED
+                return req
+        for req in self.running:
+            if req.request_id == request_id:
+                self._release(req)
+                return req
+        return None
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ----------------------------------------------------------------- scheduling
+    def schedule(self) -> ForwardBatch | None:
+        """Pick the next step's rows and allocate their slots; ``None`` if nothing can run."""
+        decoding = [r for r in self.running if r.pending_len == 1]
+        prefill_pending = self.waiting or any(r.pending_len > 1 for r in self.running)
+        batch = None
+        if prefill_pending and (not decoding or self._last_phase == "decode"):
+            batch = self._schedule_prefill()
+        if batch is None and decoding:
+            batch = self._schedule_decode()
+        if batch is not None:
+            self._last_phase = batch.phase
+        return batch
+
+    def _schedule_prefill(self) -> ForwardBatch | None:
+        budget = self.config.max_prefill_tokens
+        rows: list[tuple[Request, int]] = []
+        for req in sorted(self.running, key=lambda r: r.arrival):
+            if req.pending_len <= 1 or budget == 0:
+                continue
+            n = min(req.pending_len, budget, self.allocator.available_size())
+            if n == 0:
+                break
+            self._alloc_slots(req, n)
+            rows.append((req, n))
+            budget -= n
+        while self.waiting and budget > 0 and self.req_pool.available_size() > 0:
+            req = self.waiting[0]
+            n = min(req.pending_len, budget)
+            if not self._can_admit(n):
+                break
+            self.waiting.popleft()
+            req.row = self.req_pool.alloc()
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            self._alloc_slots(req, n)
+            rows.append((req, n))
+            budget -= n
+        return self._build_batch("prefill", rows) if rows else None
+
+    def _can_admit(self, n: int) -> bool:
+        free = self.allocator.available_size()
+        if not self.running:
+            return n <= free
+        reserved = sum(
+            r.pending_len + int(r.remaining_tokens * DECODE_RESERVE_RATIO) for r in self.running
+        )
+        return n <= free - reserved
+
+    def _schedule_decode(self) -> ForwardBatch | None:
+        decoding = [r for r in self.running if r.pending_len == 1]
+        while self.allocator.available_size() < len(decoding):
+            victim = max(self.running, key=lambda r: r.arrival)
+            self._preempt(victim)
+            if victim in decoding:
+                decoding.remove(victim)
+        if not decoding:
+            return None
+        for req in decoding:
+            self._alloc_slots(req, 1)
+        return self._build_batch("decode", [(r, 1) for r in decoding])
+
+    def _build_batch(self, phase: str, rows: list[tuple[Request, int]]) -> ForwardBatch:
+        B = len(rows)
+        L = max(n for _, n in rows)
+        S = max(r.cached_len + n for r, n in rows)
+        input_ids = np.zeros((B, L), np.int32)
+        write_slots = np.zeros((B, L), np.int32)
+        cached = np.array([r.cached_len for r, _ in rows], np.int32)
+        extend = np.array([n for _, n in rows], np.int32)
+        for i, (req, n) in enumerate(rows):
+            c = req.cached_len
+            input_ids[i, :n] = req.token_ids(c, c + n)
+            write_slots[i, :n] = self.req_pool.req_to_token[req.row, c : c + n]
+        row_ids = np.array([r.row for r, _ in rows], np.int64)
+        read_slots = self.req_pool.req_to_token[row_ids, :S]
+        read_slots = np.where(np.arange(S)[None, :] < (cached + extend)[:, None], read_slots, 0)
+        params = [r.params for r, _ in rows]
+        self._in_flight = [r for r, _ in rows]
+        return ForwardBatch(
+            phase=phase,
+            request_ids=[r.request_id for r, _ in rows],
+            input_ids=input_ids,
+            cached_lens=cached,
+            extend_lens=extend,
+            write_slots=write_slots,
+            read_slots=read_slots.astype(np.int32),
+            sample_rows=np.array([r.cached_len + n == r.seq_len for r, n in rows]),
+            sampling=SamplingArrays(
+                temperature=np.array([p.temperature for p in params], np.float32),
+                top_p=np.array([p.top_p for p in params], np.float32),
+                top_k=np.array([p.top_k for p in params], np.int32),
+                min_p=np.array([p.min_p for p in params], np.float32),
+            ),
+        )
+
+    # ----------------------------------------------------------------- results
+    def process(self, batch: ForwardBatch, out: ForwardOutput) -> list[RequestOutput]:
+        """Advance the in-flight requests by the forward's results; finished ones leave and
+        free their slots now. Returns one event per request that got a token."""
+        events = []
+        for i, req in enumerate(self._in_flight):
+            req.cached_len += int(batch.extend_lens[i])
+            assert req.cached_len == req.allocated_len, (req.cached_len, req.allocated_len)
+            if not batch.sample_rows[i]:
+                continue
+            token = int(out.next_token_ids[i])
+            req.output_ids.append(token)
+            reason = self._finish_reason(req, token)
+            if reason is not None:
+                self._release(req)
+            events.append(self.make_event(req, [token], reason))
+        self._in_flight = []
+        return events
+
+    def _finish_reason(self, req: Request, token: int) -> FinishReason | None:
+        if token in req.params.stop_token_ids:
+            return "stop"
+        if not req.params.ignore_eos and token in self.eos_token_ids:
+            return "stop"
+        if req.remaining_tokens <= 0 or req.seq_len >= self.max_context_len:
+            return "length"
+        return None
+
+    def fail_in_flight(self) -> list[Request]:
+        """Release every request of the batch that just failed; returns them."""
+        failed, self._in_flight = self._in_flight, []
+        for req in failed:
+            self._release(req)
+        return failed
+
+    @staticmethod
+    def make_event(
+        req: Request,
+        tokens: list[int],
+        reason: FinishReason | None,
+        error: str | None = None,
+    ) -> RequestOutput:
+        return RequestOutput(
+            request_id=req.request_id,
+            new_token_ids=tokens,
+            finished=reason is not None,
+            finish_reason=reason,
+            error=error,
+            prompt_tokens=req.prompt_len,
+            completion_tokens=req.output_len,
+        )
+
+    # ----------------------------------------------------------------- slots
+    def _alloc_slots(self, req: Request, n: int) -> None:
+        ids = self.allocator.alloc(n)
+        assert ids is not None, f"caller checked that {n} slots are free"
+        start = req.allocated_len
+        self.req_pool.req_to_token[req.row, start : start + n] = ids
+        req.allocated_len += n
+
+    def _free_slots(self, req: Request) -> None:
+        if req.row is None:
+            return
+        self.allocator.free(self.req_pool.req_to_token[req.row, : req.allocated_len].copy())
+        self.req_pool.free(req.row)
+        req.row = None
+        req.allocated_len = 0
+
+    def _release(self, req: Request) -> None:
+        """A running request leaves for good (finished, aborted or failed)."""
+        self._free_slots(req)
+        if req in self.running:
+            self.running.remove(req)
+        req.status = RequestStatus.FINISHED
+
+    def _preempt(self, req: Request) -> None:
+        """Free a running request's slots and queue it first; it recomputes on resume."""
+        logger.info("preempting %s (%d tokens)", req.request_id, req.seq_len)
+        self._free_slots(req)
+        self.running.remove(req)
+        req.cached_len = 0
+        req.status = RequestStatus.WAITING
+        self.waiting.appendleft(req)
+        self.num_preemptions += 1
+
+    def check_integrity(self) -> None:
+        """Assert every token slot and request row is free or owned exactly once."""
+        owned = [self.req_pool.req_to_token[r.row, : r.allocated_len] for r in self.running]
+        self.allocator.check_integrity(owned)
+        self.req_pool.check_integrity([r.row for r in self.running])
+        for req in self.waiting:
+            assert req.row is None and req.allocated_len == 0, (
+                f"waiting {req.request_id} holds slots"
+            )
