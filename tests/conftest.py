@@ -1,0 +1,125 @@
+"""Shared fixtures: tiny random models, the embedded SmolLM2, engines checked for leaks."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+
+import mlx.core as mx
+import pytest
+from mlx.utils import tree_flatten
+from mlx_lm.generate import generate_step
+from mlx_lm.models import llama
+
+from mlx_backend.loaded_model import LoadedModel
+from scheduler.config import EngineConfig
+from scheduler.engine import Engine
+from scheduler.outputs import RequestOutput
+from scheduler.sampling_params import SamplingParams
+
+
+class NoEosTokenizer:
+    """Enough tokenizer for engine tests on random models: no end-of-sequence token."""
+
+    eos_token_ids: list[int] = []
+
+
+def make_tiny_llama(seed: int = 0) -> LoadedModel:
+    """A 2-layer random llama whose greedy output varies token to token (untied head,
+    unit-scale embeddings), so a wrong KV read shows up as a different token."""
+    mx.random.seed(seed)
+    args = llama.ModelArgs(
+        model_type="llama",
+        hidden_size=64,
+        num_hidden_layers=2,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        vocab_size=256,
+        tie_word_embeddings=False,
+    )
+    model = llama.Model(args)
+    weights = []
+    for name, w in tree_flatten(model.parameters()):
+        if w.ndim == 2:
+            std = 1.0 if "embed" in name else w.shape[1] ** -0.5
+            w = mx.random.normal(w.shape) * std
+        weights.append((name, w))
+    model.load_weights(weights)
+    mx.eval(model.parameters())
+    return LoadedModel(model, NoEosTokenizer(), "tiny-llama", {}, context_length=512)
+
+
+def greedy_reference(model, prompt: list[int], max_tokens: int, eos: set[int] = frozenset()):
+    """mlx-lm's own single-sequence greedy generation: the oracle."""
+    out = []
+    sampler = lambda x: mx.argmax(x, axis=-1)  # noqa: E731
+    for token, _ in generate_step(mx.array(prompt), model, max_tokens=max_tokens, sampler=sampler):
+        out.append(int(token))
+        if int(token) in eos:
+            break
+    return out
+
+
+class Collector:
+    """Gathers engine events per request; ``wait`` blocks until a request finished."""
+
+    def __init__(self) -> None:
+        self.tokens: dict[str, list[int]] = {}
+        self.final: dict[str, RequestOutput] = {}
+        self._done: dict[str, threading.Event] = {}
+        self._lock = threading.Lock()
+
+    def callback(self, request_id: str) -> Callable[[RequestOutput], None]:
+        with self._lock:
+            self._done[request_id] = threading.Event()
+            self.tokens[request_id] = []
+
+        def on_output(event: RequestOutput) -> None:
+            self.tokens[request_id].extend(event.new_token_ids)
+            if event.finished:
+                self.final[request_id] = event
+                self._done[request_id].set()
+
+        return on_output
+
+    def wait(self, request_id: str, timeout: float = 60.0) -> RequestOutput:
+        assert self._done[request_id].wait(timeout), f"{request_id} did not finish in {timeout}s"
+        return self.final[request_id]
+
+
+def submit(engine: Engine, collector: Collector, rid: str, prompt, **params) -> None:
+    engine.add_request(rid, prompt, SamplingParams(**params), collector.callback(rid))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama() -> LoadedModel:
+    return make_tiny_llama()
+
+
+@pytest.fixture(scope="session")
+def smollm() -> LoadedModel:
+    from mlx_backend.loader import load_model
+
+    return load_model(None)
+
+
+@pytest.fixture
+def make_engine() -> Iterator[Callable[..., Engine]]:
+    """Build started engines; on teardown each must go idle with every slot accounted for."""
+    engines: list[Engine] = []
+
+    def build(loaded: LoadedModel, **config) -> Engine:
+        engine = Engine(loaded, EngineConfig(**config))
+        engine.start()
+        engines.append(engine)
+        return engine
+
+    yield build
+    for engine in engines:
+        try:
+            assert engine.wait_idle(60), "engine did not go idle"
+            engine.check_integrity()
+        finally:
+            engine.shutdown()

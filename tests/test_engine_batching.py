@@ -1,0 +1,134 @@
+"""The batched engine against mlx-lm's single-sequence greedy generation (tiny random llama).
+
+Every test's engine is checked for leaked slots on teardown (``make_engine``).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.conftest import Collector, greedy_reference, submit
+
+PROMPTS = [
+    [1, 2, 3, 4, 5],
+    [7, 8],
+    [9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23],
+    [3],
+    [5, 6, 7, 8, 9, 10, 11],
+    [100, 101, 102],
+]
+MAX_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def references(tiny_llama):
+    return [greedy_reference(tiny_llama.model, p, MAX_TOKENS) for p in PROMPTS]
+
+
+def run_all(engine, prompts, max_tokens=MAX_TOKENS, late_index=None):
+    """Submit every prompt (one of them after the others have started decoding)."""
+    col = Collector()
+    for i, prompt in enumerate(prompts):
+        if i == late_index:
+            first = str(0)
+            deadline = time.monotonic() + 30
+            while len(col.tokens[first]) < 2 and time.monotonic() < deadline:
+                time.sleep(0.005)
+            assert len(col.tokens[first]) >= 2, "the early requests never started decoding"
+        submit(engine, col, str(i), prompt, max_tokens=max_tokens, temperature=0.0)
+    finals = [col.wait(str(i)) for i in range(len(prompts))]
+    return [col.tokens[str(i)] for i in range(len(prompts))], finals
+
+
+class TestBatchedGreedy:
+    def test_concurrent_requests_match_reference(self, tiny_llama, make_engine, references):
+        engine = make_engine(tiny_llama, max_total_tokens=1024, max_running_requests=8)
+        outputs, finals = run_all(engine, PROMPTS, late_index=4)
+        for i, (got, want) in enumerate(zip(outputs, references)):
+            assert got == want, f"request {i}: engine {got} != mlx-lm {want}"
+        assert all(f.finish_reason == "length" for f in finals), [f.finish_reason for f in finals]
+        assert all(f.completion_tokens == MAX_TOKENS for f in finals)
+
+    def test_single_row_batches_match_reference(self, tiny_llama, make_engine, references):
+        engine = make_engine(tiny_llama, max_total_tokens=1024, max_running_requests=1)
+        outputs, _ = run_all(engine, PROMPTS)
+        assert outputs == references, "one-at-a-time serving must equal the reference"
+
+
+class TestChunkedPrefill:
+    def test_tiny_chunks_give_the_same_tokens(self, tiny_llama, make_engine, references):
+        engine = make_engine(tiny_llama, max_total_tokens=1024, max_prefill_tokens=3)
+        outputs, _ = run_all(engine, PROMPTS, late_index=2)
+        for i, (got, want) in enumerate(zip(outputs, references)):
+            assert got == want, f"request {i} chunked by 3: {got} != {want}"
+
+
+class TestPreemption:
+    def test_tiny_pool_preempts_and_output_is_unchanged(self, tiny_llama, make_engine):
+        prompts = [[i + 1, i + 2, i + 3, i + 4] for i in range(0, 60, 10)]
+        refs = [greedy_reference(tiny_llama.model, p, 24) for p in prompts]
+        # 6 requests x 28 tokens do not fit in 64 slots: decoding must preempt.
+        engine = make_engine(tiny_llama, max_total_tokens=64, max_running_requests=6)
+        outputs, finals = run_all(engine, prompts, max_tokens=24)
+        assert engine.scheduler.num_preemptions > 0, "the pool was meant to force preemption"
+        for i, (got, want) in enumerate(zip(outputs, refs)):
+            assert got == want, f"preempted request {i}: {got} != {want}"
+
+
+class TestAbort:
+    def test_abort_mid_decode_frees_slots(self, tiny_llama, make_engine):
+        engine = make_engine(tiny_llama, max_total_tokens=256)
+        col = Collector()
+        submit(engine, col, "long", [1, 2, 3], max_tokens=400, temperature=0.0)
+        submit(engine, col, "short", [4, 5], max_tokens=4, temperature=0.0)
+        deadline = time.monotonic() + 30
+        while len(col.tokens["long"]) < 3 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        engine.abort("long")
+        assert col.wait("long").finish_reason == "abort"
+        assert col.wait("short").finish_reason == "length"
+        assert engine.wait_idle(10)
+        engine.check_integrity()
+        assert engine.scheduler.allocator.available_size() == 256, "abort must free every slot"
+
+    def test_abort_of_unknown_or_finished_request_is_harmless(self, tiny_llama, make_engine):
+        engine = make_engine(tiny_llama, max_total_tokens=128)
+        col = Collector()
+        submit(engine, col, "a", [1, 2], max_tokens=2, temperature=0.0)
+        col.wait("a")
+        engine.abort("a")
+        engine.abort("never-existed")
+        submit(engine, col, "b", [1, 2], max_tokens=2, temperature=0.0)
+        assert col.wait("b").finish_reason == "length"
+
+
+class TestLimits:
+    def test_prompt_filling_the_context_fails_only_that_request(self, tiny_llama, make_engine):
+        engine = make_engine(tiny_llama, max_total_tokens=64)
+        col = Collector()
+        submit(engine, col, "huge", list(range(1, 65)), max_tokens=4, temperature=0.0)
+        submit(engine, col, "ok", [1, 2, 3], max_tokens=3, temperature=0.0)
+        huge = col.wait("huge")
+        assert huge.finish_reason == "error" and "context" in huge.error, huge
+        assert col.wait("ok").finish_reason == "length"
+
+    def test_generation_stops_at_the_context_limit(self, tiny_llama, make_engine):
+        engine = make_engine(tiny_llama, max_total_tokens=16)
+        col = Collector()
+        submit(engine, col, "a", [1, 2, 3, 4], max_tokens=100, temperature=0.0)
+        final = col.wait("a")
+        assert final.finish_reason == "length"
+        assert final.prompt_tokens + final.completion_tokens == 16, final
+
+    def test_stop_token_ids_finish_with_stop(self, tiny_llama, make_engine, references):
+        engine = make_engine(tiny_llama, max_total_tokens=128)
+        col = Collector()
+        stop_at = references[0][3]
+        submit(
+            engine, col, "a", PROMPTS[0], max_tokens=12, temperature=0.0, stop_token_ids=(stop_at,)
+        )
+        final = col.wait("a")
+        assert final.finish_reason == "stop"
+        assert col.tokens["a"] == references[0][: references[0].index(stop_at) + 1]
