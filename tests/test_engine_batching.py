@@ -46,7 +46,7 @@ class TestBatchedGreedy:
     def test_concurrent_requests_match_reference(self, tiny_llama, make_engine, references):
         engine = make_engine(tiny_llama, max_total_tokens=1024, max_running_requests=8)
         outputs, finals = run_all(engine, PROMPTS, late_index=4)
-        for i, (got, want) in enumerate(zip(outputs, references)):
+        for i, (got, want) in enumerate(zip(outputs, references, strict=True)):
             assert got == want, f"request {i}: engine {got} != mlx-lm {want}"
         assert all(f.finish_reason == "length" for f in finals), [f.finish_reason for f in finals]
         assert all(f.completion_tokens == MAX_TOKENS for f in finals)
@@ -61,7 +61,7 @@ class TestChunkedPrefill:
     def test_tiny_chunks_give_the_same_tokens(self, tiny_llama, make_engine, references):
         engine = make_engine(tiny_llama, max_total_tokens=1024, max_prefill_tokens=3)
         outputs, _ = run_all(engine, PROMPTS, late_index=2)
-        for i, (got, want) in enumerate(zip(outputs, references)):
+        for i, (got, want) in enumerate(zip(outputs, references, strict=True)):
             assert got == want, f"request {i} chunked by 3: {got} != {want}"
 
 
@@ -73,7 +73,7 @@ class TestPreemption:
         engine = make_engine(tiny_llama, max_total_tokens=64, max_running_requests=6)
         outputs, finals = run_all(engine, prompts, max_tokens=24)
         assert engine.scheduler.num_preemptions > 0, "the pool was meant to force preemption"
-        for i, (got, want) in enumerate(zip(outputs, refs)):
+        for i, (got, want) in enumerate(zip(outputs, refs, strict=True)):
             assert got == want, f"preempted request {i}: {got} != {want}"
 
 
