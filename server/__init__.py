@@ -1,0 +1,1 @@
+"""The HTTP layer: OpenAI-compatible routes over the engine (see docs/architecture.md)."""

@@ -1,0 +1,150 @@
+"""One request in flight: engine-thread events -> text chunks on the asyncio side.
+
+    engine thread                         event loop (this module)
+    on_output(RequestOutput) --call_soon_threadsafe--> asyncio.Queue
+                                          -> detokenize token by token
+                                          -> StopMatcher (hold back possible stop text)
+                                          -> Chunk(text, finish_reason)
+
+The engine never sees text: stop strings are matched here, and a match aborts the request
+in the engine (which frees its slots) while the client gets ``finish_reason="stop"``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler.engine import Engine
+from scheduler.outputs import RequestOutput
+from scheduler.sampling_params import SamplingParams
+from server.stop_strings import StopMatcher
+
+logger = logging.getLogger(__name__)
+
+
+class GenerationError(Exception):
+    """The engine failed the request (finish_reason "error"), or ended it unasked."""
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """New completion text; ``finish_reason`` ("stop" or "length") is set on the last one."""
+
+    text: str
+    finish_reason: str | None = None
+
+
+class Generation:
+    """Submits one request to the engine and turns its events into text chunks.
+
+    Create and consume it on the event loop. ``chunks()`` may be iterated once.
+
+    Args:
+        engine: the running engine.
+        tokenizer: the model's mlx-lm ``TokenizerWrapper``.
+        request_id: unique id of the request.
+        prompt_ids: the prompt's token ids.
+        params: sampling parameters.
+        stop: stop strings (matched on the detokenized text).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Any,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        stop: list[str],
+    ) -> None:
+        self.engine = engine
+        self.request_id = request_id
+        self.prompt_ids = prompt_ids
+        self.params = params
+        self.prompt_tokens = len(prompt_ids)
+        self.completion_tokens = 0
+        self.finish_reason: str | None = None
+        self.finished = False
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self._detokenizer = tokenizer.detokenizer  # a fresh copy per access
+        # End-of-generation tokens finish the request; they are not part of its text.
+        self._hidden_ids = set(tokenizer.eos_token_ids) | set(params.stop_token_ids)
+        self._stop = StopMatcher(stop)
+        self._started_at = 0.0
+
+    def start(self) -> None:
+        """Hand the request to the engine."""
+        self._started_at = time.monotonic()
+        self.engine.add_request(self.request_id, self.prompt_ids, self.params, self._on_output)
+
+    def abort(self) -> None:
+        """Stop the request in the engine unless it already finished (idempotent)."""
+        if not self.finished:
+            self.finished = True
+            self.engine.abort(self.request_id)
+            logger.info("request %s aborted", self.request_id)
+
+    async def chunks(self) -> AsyncIterator[Chunk]:
+        """Text as it is generated; the last chunk carries the finish reason.
+
+        Raises:
+            GenerationError: the engine failed or aborted the request.
+        """
+        while not self.finished:
+            out = await self._queue.get()
+            text = self._consume(out)
+            if text or self.finished:
+                yield Chunk(text, self.finish_reason if self.finished else None)
+
+    async def text(self) -> str:
+        """The whole completion text (waits for the end)."""
+        return "".join([chunk.text async for chunk in self.chunks()])
+
+    # ----------------------------------------------------------------- internals
+    def _on_output(self, out: RequestOutput) -> None:
+        # Runs on the engine thread: only hand the event over to the loop.
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, out)
+        except RuntimeError:
+            pass  # the loop is closed (server shut down): nobody is listening any more
+
+    def _consume(self, out: RequestOutput) -> str:
+        pieces = []
+        for token in out.new_token_ids:
+            self.completion_tokens += 1
+            if token in self._hidden_ids:
+                continue
+            self._detokenizer.add_token(token)
+            pieces.append(self._stop.feed(self._detokenizer.last_segment))
+            if self._stop.stopped:
+                # The engine may already be a token or two further; those are dropped.
+                self.engine.abort(self.request_id)
+                self._finish("stop")
+                return "".join(pieces)
+        if out.finished:
+            if out.finish_reason not in ("stop", "length"):
+                self._finish(out.finish_reason or "error")
+                raise GenerationError(out.error or f"request ended with '{out.finish_reason}'")
+            self._detokenizer.finalize()
+            pieces.append(self._stop.feed(self._detokenizer.last_segment))
+            pieces.append(self._stop.flush())
+            self._finish("stop" if self._stop.stopped else out.finish_reason)
+        return "".join(pieces)
+
+    def _finish(self, reason: str) -> None:
+        self.finished = True
+        self.finish_reason = reason
+        logger.debug(
+            "request %s finished (%s): %d prompt + %d completion tokens in %.2fs",
+            self.request_id,
+            reason,
+            self.prompt_tokens,
+            self.completion_tokens,
+            time.monotonic() - self._started_at,
+        )

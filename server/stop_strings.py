@@ -1,0 +1,78 @@
+"""Stop strings over streamed text: emit only what can no longer become a stop string.
+
+The matcher sees the completion as a sequence of text pieces (one per detokenized token, in
+any split). It releases text as soon as it is certain that no stop string starts inside
+it, and holds back the shortest tail that could still grow into one:
+
+    stops = ["</s>"]     feed("Hello <")  -> emits "Hello ", holds "<"
+                         feed("/s")       -> emits "",       holds "</s" (still a prefix)
+                         feed(">!")       -> emits "",       stopped (the stop is never emitted)
+
+so no stop text ever reaches the client, whichever token or chunk boundaries it spans.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class StopMatcher:
+    """Incremental matcher of a fixed set of stop strings.
+
+    Args:
+        stops: the stop strings; each must be non-empty.
+
+    Raises:
+        ValueError: if a stop string is empty.
+    """
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        if any(not s for s in stops):
+            raise ValueError("stop strings must be non-empty")
+        self.stops: tuple[str, ...] = tuple(dict.fromkeys(stops))
+        self._held = ""
+        self.stopped = False
+        # The longest tail worth holding: one char less than the longest stop.
+        self._max_hold = max((len(s) for s in self.stops), default=1) - 1
+
+    def feed(self, text: str) -> str:
+        """Add the next piece of generated text.
+
+        Args:
+            text: new text, in generation order.
+
+        Returns:
+            The text that is now safe to emit (possibly ""). Once a stop string has matched,
+            ``stopped`` is True, the returned text is everything before the match, and later
+            calls return "".
+        """
+        if self.stopped:
+            return ""
+        buf = self._held + text
+        match = self._earliest_match(buf)
+        if match is not None:
+            self.stopped = True
+            self._held = ""
+            return buf[:match]
+        hold = self._partial_tail(buf)
+        self._held = buf[len(buf) - hold :] if hold else ""
+        return buf[: len(buf) - hold]
+
+    def flush(self) -> str:
+        """Release the held-back text at the end of generation (it never became a stop)."""
+        if self.stopped:
+            return ""
+        held, self._held = self._held, ""
+        return held
+
+    def _earliest_match(self, buf: str) -> int | None:
+        hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
+        return min(hits) if hits else None
+
+    def _partial_tail(self, buf: str) -> int:
+        """Length of the longest suffix of ``buf`` that is a proper prefix of some stop."""
+        for n in range(min(self._max_hold, len(buf)), 0, -1):
+            tail = buf[-n:]
+            if any(s.startswith(tail) for s in self.stops):
+                return n
+        return 0
