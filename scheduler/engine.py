@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
 import queue
 import threading
 import time
 from collections.abc import Callable
+
+import mlx.core as mx
 
 from mlx_backend.executor import Executor
 from mlx_backend.kv_pool import KVPool, probe_layer_shapes
@@ -56,15 +60,22 @@ class Engine:
         """
         self._thread = threading.Thread(target=self._run, name="mlxserve-engine", daemon=True)
         self._thread.start()
+        # NOTE: an engine thread still running MLX work while the interpreter finalizes
+        # aborts the process ("terminate called without an active exception", status 134);
+        # stopping it at exit keeps a forgotten shutdown() from turning into a crash.
+        atexit.register(self.shutdown)
         self._ready.wait()
         if self.error is not None:
             raise RuntimeError(f"engine failed to start: {self.error}") from self.error
 
     def shutdown(self) -> None:
+        """Stop the engine thread (idempotent); requests still queued are not served."""
         self._stop.set()
         self._inbox.put(("wake", None))
         if self._thread is not None:
             self._thread.join(timeout=30)
+            _wait_for_native_exit(self._thread.native_id)
+        atexit.unregister(self.shutdown)
 
     @property
     def is_alive(self) -> bool:
@@ -153,6 +164,13 @@ class Engine:
             logger.exception("engine thread died")
             self.error = e
             self._fail_everything(f"engine died: {e}")
+        finally:
+            self._release_mlx()
+
+    def _release_mlx(self) -> None:
+        """Free the pools on the thread that made them, and wait for MLX to finish."""
+        self.executor = None
+        mx.synchronize()
 
     def step(self) -> None:
         """One engine step: take inbox messages, then schedule -> forward -> process."""
@@ -232,3 +250,20 @@ class Engine:
         self._requests.clear()
         with self._unfinished_lock:
             self._unfinished = 0
+
+
+def _wait_for_native_exit(native_id: int | None, timeout: float = 5.0) -> None:
+    """Wait until the OS thread is gone, not just its Python part.
+
+    NOTE: ``join`` returns before the thread's C++ thread-locals are destroyed; MLX's
+    per-thread compile cache then takes the GIL to drop Python references. If the
+    interpreter is finalizing by then, that thread is killed mid-unwind and the process
+    aborts (status 134). Sleeping here releases the GIL so the destructor can finish.
+    """
+    task = f"/proc/self/task/{native_id}"
+    if native_id is None or not os.path.isdir("/proc/self/task"):
+        time.sleep(0.1)
+        return
+    deadline = time.monotonic() + timeout
+    while os.path.exists(task) and time.monotonic() < deadline:
+        time.sleep(0.005)
