@@ -44,6 +44,7 @@ class Engine:
         self.error: BaseException | None = None
         self._inbox: queue.Queue = queue.Queue()
         self._requests: dict[str, Request] = {}
+        self._audit_pending = False
         self._stop = threading.Event()
         self._ready = threading.Event()
         # Requests submitted and not yet finished (any thread reads it for wait_idle).
@@ -175,10 +176,14 @@ class Engine:
     def step(self) -> None:
         """One engine step: take inbox messages, then schedule -> forward -> process."""
         sched = self.scheduler
-        self._drain_inbox(block=not sched.has_work())
+        idle = not sched.has_work()
+        if idle and self._audit_pending:
+            self._audit_slots()
+        self._drain_inbox(block=idle)
         batch = sched.schedule()
         if batch is None:
             return
+        self._audit_pending = True
         try:
             out = self.executor.forward(batch)
         except Exception as e:
@@ -188,6 +193,14 @@ class Engine:
             return
         for event in sched.process(batch, out):
             self._deliver(self._requests[event.request_id], event)
+
+    def _audit_slots(self) -> None:
+        """Each time the engine goes idle, every slot must be free again (DESIGN.md)."""
+        self._audit_pending = False
+        try:
+            self.scheduler.check_integrity()
+        except AssertionError as e:
+            logger.error("KV slot accounting is broken: %s", e)
 
     def _drain_inbox(self, block: bool) -> None:
         try:
