@@ -10,6 +10,7 @@ import numpy as np
 
 from mlx_backend.cache_view import BatchContext, PoolKVCacheView
 from mlx_backend.kv_pool import AttentionLayerShape, KVPool, probe_layer_shapes
+from mlx_backend.logits import LastTokenLogits
 from mlx_backend.sampler import Sampler
 from scheduler.batch import ForwardBatch, ForwardOutput
 
@@ -37,6 +38,7 @@ class Executor:
         self.shapes = shapes if shapes is not None else probe_layer_shapes(model)
         self.kv = KVPool(pool_tokens, self.shapes)
         self.sampler = Sampler(seed)
+        self.logits = LastTokenLogits(model)
 
     def forward(self, batch: ForwardBatch) -> ForwardOutput:
         """Feed the batch's new tokens, write their K/V, sample one token per row.
@@ -46,9 +48,8 @@ class Executor:
         """
         ctx = BatchContext(batch)
         caches = [PoolKVCacheView(self.kv, i, ctx) for i in range(self.kv.num_layers)]
-        logits = self.model(mx.array(batch.input_ids), cache=caches)
         last_pos = mx.array((batch.extend_lens - 1).astype(np.int32))
-        last_logits = logits[mx.arange(batch.batch_size), last_pos]
+        last_logits = self.logits(mx.array(batch.input_ids), caches, last_pos)
         tokens = self.sampler(last_logits, batch.sampling)
         # NOTE: the pools are evaluated together with the tokens so the scatters are
         # materialized now, not chained lazily into the next step's graph.

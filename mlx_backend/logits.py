@@ -1,0 +1,70 @@
+"""Logits of each row's last fed token, without projecting every prefill position.
+
+A prefill chunk of L tokens only needs the logits of its last real token per row; the
+vocabulary projection of all B x L positions (49k x 576 per token for SmolLM2) is a large
+share of the prefill's work. mlx-lm models are ``Model(inner=model.model, head)``, but the
+head differs by family (``lm_head``, tied embeddings, soft-capping, logit scales), so the
+split path is used only when it reproduces the model's own logits on a probe input.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import mlx.core as mx
+import mlx.nn as nn
+
+logger = logging.getLogger(__name__)
+
+
+def _candidate_heads(model: nn.Module) -> list[Callable[[mx.array], mx.array]]:
+    heads = []
+    if "lm_head" in model:
+        heads.append(model.lm_head)
+    inner = model.get("model")
+    if inner is not None and "embed_tokens" in inner:
+        heads.append(inner.embed_tokens.as_linear)
+    return heads
+
+
+def find_verified_head(model: nn.Module) -> Callable[[mx.array], mx.array] | None:
+    """The head ``h -> logits`` with ``head(model.model(x)) == model(x)``, or ``None``."""
+    inner = model.get("model") if isinstance(model, nn.Module) else None
+    if inner is None:
+        return None
+    probe = mx.array([[1, 2, 3, 4]], dtype=mx.int32)
+    try:
+        want = model(probe)
+        hidden = inner(probe)
+    except Exception:  # noqa: BLE001 - any signature mismatch means "use the full path"
+        return None
+    for head in _candidate_heads(model):
+        try:
+            got = head(hidden)
+        except Exception:  # noqa: BLE001
+            continue
+        if got.shape == want.shape and mx.allclose(got, want, atol=1e-4, rtol=1e-4).item():
+            return head
+    logger.info("logits: no verified head split; projecting every position")
+    return None
+
+
+class LastTokenLogits:
+    """``model(inputs, cache)`` reduced to the logits at ``last_pos`` of each row.
+
+    Args:
+        model: an mlx-lm model.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.head = find_verified_head(model)
+
+    def __call__(self, inputs: mx.array, caches: list, last_pos: mx.array) -> mx.array:
+        """Returns: ``[B, V]`` logits of position ``last_pos[b]`` of each row ``b``."""
+        rows = mx.arange(inputs.shape[0])
+        if self.head is None:
+            return self.model(inputs, cache=caches)[rows, last_pos]
+        hidden = self.model.model(inputs, cache=caches)
+        return self.head(hidden[rows, last_pos][:, None, :])[:, 0, :]
