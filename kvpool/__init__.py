@@ -1,6 +1,6 @@
 """Numpy bookkeeping of KV memory: which request owns which token slots. No MLX here."""
 
 from kvpool.req_to_token_pool import ReqToTokenPool
-from kvpool.token_allocator import TokenToKVPoolAllocator
+from kvpool.token_allocator import SlotAllocator, StateSlotAllocator, TokenToKVPoolAllocator
 
-__all__ = ["ReqToTokenPool", "TokenToKVPoolAllocator"]
+__all__ = ["ReqToTokenPool", "SlotAllocator", "StateSlotAllocator", "TokenToKVPoolAllocator"]

@@ -1,4 +1,5 @@
-"""Free list of token slot ids.
+"""Free lists of slot ids: token slots (K/V of one position) and state slots (the
+recurrent state of one request).
 
 Slot ids run ``1..size``. Slot 0 is the padding slot: padded positions of a batch write
 their (garbage) K/V there and masked reads gather it, so it is never handed out.
@@ -11,12 +12,14 @@ from collections.abc import Iterable
 import numpy as np
 
 
-class TokenToKVPoolAllocator:
-    """Hands out and takes back token slot ids.
+class SlotAllocator:
+    """Hands out and takes back slot ids.
 
     Args:
-        size: number of usable slots (the KV pool has ``size + 1`` rows).
+        size: number of usable slots (the pools have ``size + 1`` rows).
     """
+
+    kind = "slot"
 
     def __init__(self, size: int) -> None:
         if size < 1:
@@ -76,9 +79,23 @@ class TokenToKVPoolAllocator:
         counts = np.bincount(everything, minlength=self.size + 1)
         leaked = np.flatnonzero(counts[1:] == 0) + 1
         doubled = np.flatnonzero(counts > 1)
-        assert leaked.size == 0, f"{leaked.size} token slots leaked, e.g. {leaked[:8].tolist()}"
-        assert doubled.size == 0, f"token slots held twice: {doubled[:8].tolist()}"
+        assert leaked.size == 0, (
+            f"{leaked.size} {self.kind} slots leaked, e.g. {leaked[:8].tolist()}"
+        )
+        assert doubled.size == 0, f"{self.kind} slots held twice: {doubled[:8].tolist()}"
         assert counts[0] == 0, "the padding slot 0 was handed out"
         assert np.array_equal(np.flatnonzero(self._is_free), np.sort(self._free)), (
             "free list and free mask disagree"
         )
+
+
+class TokenToKVPoolAllocator(SlotAllocator):
+    """Token slots: one per position of a request in one K/V slot space."""
+
+    kind = "token"
+
+
+class StateSlotAllocator(SlotAllocator):
+    """State slots: one per running request of a model with recurrent layers."""
+
+    kind = "state"

@@ -1,4 +1,4 @@
-"""mlx-lm's cache contract, implemented as a view over the slot pools for one batch."""
+"""mlx-lm's cache contract, implemented as views over the slot pools for one batch."""
 
 from __future__ import annotations
 
@@ -6,8 +6,10 @@ from typing import Protocol
 
 import mlx.core as mx
 import numpy as np
+from mlx_lm.models.cache import ArraysCache, CacheList
 
-from mlx_backend.kv_pool import KVPool
+from mlx_backend.kv_pool import KVPool, StatePool
+from mlx_backend.layer_layout import CacheSpec
 from scheduler.batch import ForwardBatch
 
 
@@ -25,52 +27,114 @@ class AttentionCache(Protocol):
         ...
 
 
+class _SpaceIndex:
+    """One slot space's index arrays for a batch: where to write, what to read, and the
+    absolute position of every gathered key (``-1`` for padding columns)."""
+
+    def __init__(self, write: np.ndarray, read: np.ndarray, start: np.ndarray, total: np.ndarray):
+        self.write = mx.array(write.reshape(-1))
+        self.read = mx.array(read)
+        cols = np.arange(read.shape[1], dtype=np.int32)[None, :]
+        k_pos = start[:, None] + cols
+        k_pos = np.where(k_pos < total[:, None], k_pos, -1)
+        self.k_pos = mx.array(k_pos.astype(np.int32))[:, None, None, :]
+
+
 class BatchContext:
     """The MLX-side index arrays of one batch, shared by every layer's view.
 
-    Mask semantics, for row ``b`` with ``c = cached_lens[b]`` and ``e = extend_lens[b]``:
-    query ``l`` sits at position ``c + l`` and sees key ``j`` iff ``j <= c + l`` and
-    ``j < c + e`` (and ``j > c + l - window`` for a sliding window). Padded queries
-    (``l >= e``) see every real key of their row, so no mask row is empty (no NaN).
+    Mask semantics, for row ``b`` with ``c = cached_lens[b]``: query ``l`` sits at
+    position ``c + l`` and sees a key at position ``j`` iff ``0 <= j <= c + l`` and ``j``
+    is a real position of the row (and ``j > c + l - window`` for a sliding window).
+    Padded queries see every real key of their row, so no mask row is empty (no NaN).
     """
 
     def __init__(self, batch: ForwardBatch) -> None:
-        B, L = batch.input_ids.shape
-        self.offsets = mx.array(batch.cached_lens.astype(np.int32))
-        self.write_slots = mx.array(batch.write_slots.reshape(-1))
-        self.read_slots = mx.array(batch.read_slots)
-        q_pos = batch.cached_lens[:, None] + np.arange(L, dtype=np.int32)[None, :]  # [B, L]
-        self._q_pos = mx.array(q_pos.astype(np.int32))[:, None, :, None]
+        L = batch.input_ids.shape[1]
         total = (batch.cached_lens + batch.extend_lens).astype(np.int32)
-        self._total = mx.array(total)[:, None, None, None]
-        self._k_pos = mx.arange(batch.read_slots.shape[1], dtype=mx.int32)[None, None, None, :]
-        self._masks: dict[int | None, mx.array] = {}
+        self.offsets = mx.array(batch.cached_lens.astype(np.int32))
+        q_pos = batch.cached_lens[:, None] + np.arange(L, dtype=np.int32)[None, :]
+        self._q_pos = mx.array(q_pos.astype(np.int32))[:, None, :, None]
+        zeros = np.zeros_like(total)
+        self.spaces = {
+            "full": _SpaceIndex(batch.write_slots, batch.read_slots, zeros, total),
+            "sliding": _SpaceIndex(
+                batch.sliding_write_slots,
+                batch.sliding_read_slots,
+                batch.sliding_read_start.astype(np.int32),
+                total,
+            ),
+        }
+        self.state_slots = mx.array(batch.state_slots)
+        self.all_fresh = bool(batch.fresh_rows.all())
+        self.fresh = None if not batch.fresh_rows.any() else mx.array(batch.fresh_rows)
+        self._masks: dict[tuple[str, int | None], mx.array] = {}
 
-    def mask(self, window_size: int | None = None) -> mx.array:
-        if window_size not in self._masks:
-            mask = (self._k_pos <= self._q_pos) & (self._k_pos < self._total)
-            if window_size is not None:
-                mask = mask & (self._k_pos > self._q_pos - window_size)
-            self._masks[window_size] = mask
-        return self._masks[window_size]
+    def mask(self, space: str, window: int | None) -> mx.array:
+        key = (space, window)
+        if key not in self._masks:
+            k_pos = self.spaces[space].k_pos
+            mask = (k_pos >= 0) & (k_pos <= self._q_pos)
+            if window is not None:
+                mask = mask & (k_pos > self._q_pos - window)
+            self._masks[key] = mask
+        return self._masks[key]
 
 
 class PoolKVCacheView:
-    """One attention layer's cache for one batch: writes scatter into the pool, reads gather
-    the batch's slots from it. It holds no K/V of its own."""
+    """One attention cache for one batch: writes scatter into the pool, reads gather the
+    batch's slots from it. It holds no K/V of its own."""
 
-    def __init__(self, pool: KVPool, layer: int, ctx: BatchContext) -> None:
+    def __init__(self, pool: KVPool, spec: CacheSpec, ctx: BatchContext) -> None:
         self._pool = pool
-        self._layer = layer
+        self._index = spec.pool_index
+        self._space = "full" if spec.kind == "full" else "sliding"
+        self._window = spec.window
         self._ctx = ctx
         self.offset = ctx.offsets
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         B, H, L, _ = keys.shape
+        index = self._ctx.spaces[self._space]
         flat_k = keys.transpose(0, 2, 1, 3).reshape(B * L, H, keys.shape[-1])
         flat_v = values.transpose(0, 2, 1, 3).reshape(B * L, H, values.shape[-1])
-        self._pool.write(self._layer, self._ctx.write_slots, flat_k, flat_v)
-        return self._pool.read(self._layer, self._ctx.read_slots)
+        self._pool.write(self._index, index.write, flat_k, flat_v)
+        return self._pool.read(self._index, index.read)
 
     def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None):
-        return self._ctx.mask(window_size)
+        # A sliding cache masks to its own window when the model does not name one, as
+        # mlx-lm's RotatingKVCache does.
+        return self._ctx.mask(self._space, window_size or self._window)
+
+
+class BatchCaches:
+    """The per-layer cache objects of one forward, and the write-back of recurrent state.
+
+    Recurrent layers get a real mlx-lm ``ArraysCache`` filled with the batch's gathered
+    states (or left empty when every row starts fresh, exactly as in single-sequence
+    generation); after the forward the states the layers left there are scattered back.
+    """
+
+    def __init__(
+        self, specs: list[CacheSpec], kv: KVPool, states: StatePool, ctx: BatchContext
+    ) -> None:
+        self._kv, self._states, self._ctx = kv, states, ctx
+        self._recurrent: list[tuple[CacheSpec, ArraysCache]] = []
+        self.caches = [self._make(spec) for spec in specs]
+
+    def _make(self, spec: CacheSpec):
+        if spec.kind == "list":
+            return CacheList(*[self._make(child) for child in spec.children])
+        if spec.kind == "recurrent":
+            cache = ArraysCache(len(spec.state.entries))
+            if not self._ctx.all_fresh:
+                cache.cache = self._states.gather(
+                    spec.pool_index, self._ctx.state_slots, self._ctx.fresh
+                )
+            self._recurrent.append((spec, cache))
+            return cache
+        return PoolKVCacheView(self._kv, spec, self._ctx)
+
+    def write_back_states(self) -> None:
+        for spec, cache in self._recurrent:
+            self._states.scatter(spec.pool_index, self._ctx.state_slots, cache.cache)

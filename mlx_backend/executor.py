@@ -1,4 +1,4 @@
-"""The executor: owns the model and the KV pools, runs one batched forward + sampling."""
+"""The executor: owns the model and the pools, runs one batched forward + sampling."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from mlx_backend.cache_view import BatchContext, PoolKVCacheView
-from mlx_backend.kv_pool import AttentionLayerShape, KVPool, probe_layer_shapes
+from mlx_backend.cache_view import BatchCaches, BatchContext
+from mlx_backend.kv_pool import KVPool, StatePool
+from mlx_backend.layer_layout import LayerLayout, probe_layout
 from mlx_backend.logits import LastTokenLogits
 from mlx_backend.sampler import Sampler
 from scheduler.batch import ForwardBatch, ForwardOutput
+from scheduler.memory_plan import MemoryPlan
 
 logger = logging.getLogger(__name__)
 
@@ -22,36 +24,38 @@ class Executor:
 
     Args:
         model: an mlx-lm model (``model(inputs, cache=[...]) -> logits``).
-        pool_tokens: token slots of the KV pool.
-        shapes: the per-layer K/V shapes (from ``probe_layer_shapes``).
+        plan: how many slots of each kind to allocate.
+        layout: the model's caches (from ``probe_layout``).
         seed: seed of the sampling RNG.
     """
 
     def __init__(
         self,
         model: nn.Module,
-        pool_tokens: int,
-        shapes: list[AttentionLayerShape] | None = None,
+        plan: MemoryPlan,
+        layout: LayerLayout | None = None,
         seed: int = 0,
     ) -> None:
         self.model = model
-        self.shapes = shapes if shapes is not None else probe_layer_shapes(model)
-        self.kv = KVPool(pool_tokens, self.shapes)
+        self.layout = layout if layout is not None else probe_layout(model)
+        self.kv = KVPool(self.layout, plan.full_tokens, plan.sliding_tokens)
+        self.states = StatePool(self.layout, plan.state_slots)
         self.sampler = Sampler(seed)
         self.logits = LastTokenLogits(model)
 
     def forward(self, batch: ForwardBatch) -> ForwardOutput:
-        """Feed the batch's new tokens, write their K/V, sample one token per row.
+        """Feed the batch's new tokens, write their K/V and states, sample one token per row.
 
         Returns:
             the sampled token of every row (the scheduler keeps those of ``sample_rows``).
         """
         ctx = BatchContext(batch)
-        caches = [PoolKVCacheView(self.kv, i, ctx) for i in range(self.kv.num_layers)]
+        caches = BatchCaches(self.layout.specs, self.kv, self.states, ctx)
         last_pos = mx.array((batch.extend_lens - 1).astype(np.int32))
-        last_logits = self.logits(mx.array(batch.input_ids), caches, last_pos)
+        last_logits = self.logits(mx.array(batch.input_ids), caches.caches, last_pos)
+        caches.write_back_states()
         tokens = self.sampler(last_logits, batch.sampling)
         # NOTE: the pools are evaluated together with the tokens so the scatters are
         # materialized now, not chained lazily into the next step's graph.
-        mx.eval(tokens, self.kv.k, self.kv.v)
+        mx.eval(tokens, self.kv.arrays(), self.states.arrays())
         return ForwardOutput(next_token_ids=np.array(tokens, dtype=np.int32))

@@ -1,84 +1,93 @@
-"""Slot-indexed K/V pools: the only KV store. One K and one V array per attention layer."""
+"""Slot-indexed pools: the only KV store, and the recurrent state store.
+
+Per attention cache of the model, K ``[space + 1, n_kv_heads, k_head_dim]`` and V likewise,
+where ``space`` is the size of the cache's slot space (full or sliding). Per recurrent cache,
+one array ``[state_slots + 1, *shape]`` per state tensor. Row 0 is padding everywhere.
+
+NOTE: each pool array has exactly one live reference (the lists here) so that a scatter
+``pool[ids] = rows`` can donate the buffer and update in place; a stray extra reference
+would turn every write into a copy of the whole pool.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import mlx.core as mx
-import mlx.nn as nn
-from mlx_lm.models.cache import KVCache
 
-
-@dataclass(frozen=True)
-class AttentionLayerShape:
-    """Per-token K/V shape of one attention layer."""
-
-    n_kv_heads: int
-    k_head_dim: int
-    v_head_dim: int
-    dtype: mx.Dtype
-
-    @property
-    def bytes_per_token(self) -> int:
-        return self.n_kv_heads * (self.k_head_dim + self.v_head_dim) * self.dtype.size
-
-
-def probe_layer_shapes(model: nn.Module) -> list[AttentionLayerShape]:
-    """Run one token through the model with mlx-lm's own caches and read the K/V shapes.
-
-    This asks the model itself instead of parsing configs, so head counts, head dims and
-    the activation dtype are exactly what the layers produce.
-
-    Raises:
-        NotImplementedError: a layer uses a cache type other than plain attention (recurrent
-            or sliding-window layers are not supported by this executor yet).
-    """
-    caches = model.make_cache() if hasattr(model, "make_cache") else None
-    if caches is None:
-        caches = [KVCache() for _ in model.layers]
-    for i, c in enumerate(caches):
-        if type(c) is not KVCache:
-            raise NotImplementedError(
-                f"layer {i} uses {type(c).__name__}; only full-attention layers are supported"
-            )
-    mx.eval(model(mx.array([[0]], dtype=mx.int32), cache=caches))
-    shapes = []
-    for c in caches:
-        _, n_kv_heads, _, k_dim = c.keys.shape
-        shapes.append(AttentionLayerShape(n_kv_heads, k_dim, c.values.shape[-1], c.keys.dtype))
-    return shapes
+from mlx_backend.layer_layout import LayerLayout
 
 
 class KVPool:
-    """Per layer, K ``[size + 1, n_kv_heads, k_head_dim]`` and V likewise; row 0 is padding.
+    """K/V pools of every attention cache, indexed by ``CacheSpec.pool_index``.
 
-    NOTE: each pool array has exactly one live reference (this object's lists) so that a
-    scatter ``pool[ids] = rows`` can donate the buffer and update in place; a stray extra
-    reference would turn every write into a copy of the whole pool.
+    Args:
+        layout: the model's caches.
+        full_tokens: slots of the full-attention space.
+        sliding_tokens: slots of the sliding-window space.
     """
 
-    def __init__(self, size: int, shapes: list[AttentionLayerShape]) -> None:
-        self.size = size
-        self.shapes = shapes
-        self.k = [mx.zeros((size + 1, s.n_kv_heads, s.k_head_dim), s.dtype) for s in shapes]
-        self.v = [mx.zeros((size + 1, s.n_kv_heads, s.v_head_dim), s.dtype) for s in shapes]
+    def __init__(self, layout: LayerLayout, full_tokens: int, sliding_tokens: int) -> None:
+        self.k: list[mx.array] = []
+        self.v: list[mx.array] = []
+        for spec in layout.attention:
+            size = (full_tokens if spec.kind == "full" else sliding_tokens) + 1
+            self.k.append(mx.zeros((size, spec.kv.n_kv_heads, spec.kv.k_head_dim), spec.kv.dtype))
+            self.v.append(mx.zeros((size, spec.kv.n_kv_heads, spec.kv.v_head_dim), spec.kv.dtype))
         mx.eval(self.k, self.v)
 
-    @property
-    def num_layers(self) -> int:
-        return len(self.shapes)
+    def write(self, index: int, slots: mx.array, keys: mx.array, values: mx.array) -> None:
+        """Scatter ``keys``/``values`` ``[T, H, D]`` into ``slots`` ``[T]``."""
+        self.k[index][slots] = keys
+        self.v[index][slots] = values
 
-    @staticmethod
-    def bytes_per_token(shapes: list[AttentionLayerShape]) -> int:
-        return sum(s.bytes_per_token for s in shapes)
-
-    def write(self, layer: int, slots: mx.array, keys: mx.array, values: mx.array) -> None:
-        """Scatter ``keys``/``values`` ``[T, H, D]`` into ``slots`` ``[T]`` of ``layer``."""
-        self.k[layer][slots] = keys
-        self.v[layer][slots] = values
-
-    def read(self, layer: int, slots: mx.array) -> tuple[mx.array, mx.array]:
+    def read(self, index: int, slots: mx.array) -> tuple[mx.array, mx.array]:
         """Gather K/V at ``slots`` ``[B, S]`` as ``[B, H, S, D]`` (the layout SDPA takes)."""
-        keys = self.k[layer][slots].transpose(0, 2, 1, 3)
-        values = self.v[layer][slots].transpose(0, 2, 1, 3)
+        keys = self.k[index][slots].transpose(0, 2, 1, 3)
+        values = self.v[index][slots].transpose(0, 2, 1, 3)
         return keys, values
+
+    def arrays(self) -> list[mx.array]:
+        return self.k + self.v
+
+
+class StatePool:
+    """Recurrent state of every recurrent cache, indexed by ``CacheSpec.pool_index``.
+
+    Args:
+        layout: the model's caches.
+        state_slots: one slot per request that can run at once.
+    """
+
+    def __init__(self, layout: LayerLayout, state_slots: int) -> None:
+        self.states: list[list[mx.array | None]] = []
+        for spec in layout.recurrent:
+            entries = []
+            for entry in spec.state.entries:
+                if entry is None:
+                    entries.append(None)
+                else:
+                    shape, dtype = entry
+                    entries.append(mx.zeros((state_slots + 1, *shape), dtype))
+            self.states.append(entries)
+        mx.eval(self.arrays())
+
+    def gather(self, index: int, slots: mx.array, fresh: mx.array | None) -> list:
+        """Each state tensor of the batch's rows; rows in ``fresh`` start from zeros."""
+        out = []
+        for pool in self.states[index]:
+            if pool is None:
+                out.append(None)
+                continue
+            rows = pool[slots]
+            if fresh is not None:
+                rows = mx.where(fresh.reshape(-1, *([1] * (rows.ndim - 1))), 0, rows)
+            out.append(rows)
+        return out
+
+    def scatter(self, index: int, slots: mx.array, values: list) -> None:
+        """Write back each state tensor the layer left in its cache."""
+        for pool, value in zip(self.states[index], values, strict=True):
+            if pool is not None and value is not None:
+                pool[slots] = value.astype(pool.dtype)
+
+    def arrays(self) -> list[mx.array]:
+        return [a for entries in self.states for a in entries if a is not None]

@@ -6,6 +6,9 @@ import os
 
 import mlx.core as mx
 
+from mlx_backend.layer_layout import LayerLayout
+from scheduler.memory_plan import MemoryPlan
+
 
 def available_memory_bytes() -> int:
     """Memory the KV pool could still use.
@@ -26,16 +29,34 @@ def available_memory_bytes() -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def derive_pool_tokens(bytes_per_token: int, mem_fraction: float, cap: int) -> int:
-    """Token slots that fit in ``mem_fraction`` of the available memory, at most ``cap``.
+def plan_memory(
+    layout: LayerLayout,
+    max_total_tokens: int,
+    max_running_requests: int,
+    max_prefill_tokens: int,
+    mem_fraction: float,
+    context_length: int,
+) -> MemoryPlan:
+    """Slot counts for every space the model's layers need.
 
-    Raises:
-        MemoryError: not even one full request fits.
+    The sliding space holds, per running request, its window plus one prefill chunk; state
+    slots are one per running request. The full space gets ``max_total_tokens``, or what
+    is left of ``mem_fraction`` of free memory after those two.
     """
-    budget = int(available_memory_bytes() * mem_fraction)
-    tokens = min(budget // max(bytes_per_token, 1), cap)
-    if tokens < 1:
-        raise MemoryError(
-            f"no room for a KV pool: {budget} bytes available at {bytes_per_token} per token"
-        )
-    return tokens
+    window = layout.sliding_window
+    sliding = max_running_requests * (window + max_prefill_tokens) if window else 0
+    states = max_running_requests if layout.recurrent else 0
+    full = 0
+    per_token = layout.bytes_per_token("full")
+    if per_token:
+        full = max_total_tokens
+        if not full:
+            fixed = sliding * layout.bytes_per_token("sliding")
+            fixed += states * layout.bytes_per_state_slot
+            budget = int(available_memory_bytes() * mem_fraction) - fixed
+            full = min(budget // per_token, max_running_requests * context_length)
+            if full < 1:
+                raise MemoryError(f"no room for a KV pool: {budget} bytes left for it")
+    elif window and max_total_tokens:
+        sliding = max(max_total_tokens, window + max_prefill_tokens)
+    return MemoryPlan(full_tokens=full, sliding_tokens=sliding, window=window, state_slots=states)

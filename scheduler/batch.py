@@ -35,6 +35,11 @@ class ForwardBatch:
         extend_lens: int32 [B], real tokens of each row in ``input_ids``.
         write_slots: int32 [B, L], where the new tokens' K/V go.
         read_slots: int32 [B, S], slots of positions ``0..cached+extend-1``, padded with 0.
+        sliding_write_slots / sliding_read_slots: the same in the sliding-window space,
+            whose read column 0 is position ``sliding_read_start[b]`` (earlier positions
+            are out of every window and their slots already freed).
+        state_slots: int32 [B], each row's recurrent-state slot (0 without recurrent layers).
+        fresh_rows: bool [B], rows starting from position 0 (their recurrent state is zero).
         sample_rows: bool [B], rows whose last token is the end of the sequence so far,
             so the forward's token for that row is a real next token.
         sampling: per-row sampling parameters.
@@ -47,6 +52,11 @@ class ForwardBatch:
     extend_lens: np.ndarray
     write_slots: np.ndarray
     read_slots: np.ndarray
+    sliding_write_slots: np.ndarray
+    sliding_read_slots: np.ndarray
+    sliding_read_start: np.ndarray
+    state_slots: np.ndarray
+    fresh_rows: np.ndarray
     sample_rows: np.ndarray
     sampling: SamplingArrays
 

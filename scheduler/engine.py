@@ -9,18 +9,21 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import mlx.core as mx
 
 from mlx_backend.executor import Executor
-from mlx_backend.kv_pool import KVPool, probe_layer_shapes
+from mlx_backend.layer_layout import probe_layout
 from mlx_backend.loaded_model import LoadedModel
-from mlx_backend.memory import derive_pool_tokens
+from mlx_backend.memory import plan_memory
+from scheduler.batch import ForwardBatch
 from scheduler.config import EngineConfig
-from scheduler.outputs import RequestOutput
+from scheduler.outputs import FinishReason, RequestOutput
 from scheduler.request import Request
 from scheduler.sampling_params import SamplingParams
 from scheduler.scheduler import Scheduler
+from scheduler.stats import EngineStats, StatsObserver, engine_stats
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +54,10 @@ class Engine:
         self._unfinished = 0
         self._unfinished_lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        # Request timings go to the observer (the server's metrics) on the engine thread.
+        self.observer: StatsObserver | None = None
+        # Replaced (never mutated) by the engine thread after each step: any thread reads it.
+        self._stats = EngineStats()
 
     # ----------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -102,9 +109,20 @@ class Engine:
             self._unfinished += 1
         self._inbox.put(("add", req))
 
-    def abort(self, request_id: str) -> None:
-        """Stop a request and free its slots in the next step (idempotent)."""
-        self._inbox.put(("abort", request_id))
+    def abort(self, request_id: str, reason: FinishReason = "abort") -> None:
+        """Stop a request and free its slots in the next step (idempotent).
+
+        ``reason`` is the finish reason of its last event: "abort", or "stop" when the
+        server ended it on a stop string (so metrics count it as a stop).
+        """
+        self._inbox.put(("abort", (request_id, reason)))
+
+    def stats(self) -> EngineStats:
+        """The engine's state as of its last step, waiting counting requests still in the
+        inbox (thread-safe)."""
+        snap = self._stats
+        waiting = max(self._unfinished - snap.num_running, 0)
+        return snap if waiting == snap.num_waiting else replace(snap, num_waiting=waiting)
 
     def wait_idle(self, timeout: float = 30.0) -> bool:
         """Block until no request is queued or running; False on timeout."""
@@ -125,29 +143,40 @@ class Engine:
 
     # ----------------------------------------------------------------- engine thread
     def _setup(self) -> None:
-        """Size the pools from the model's real K/V shapes and build executor + scheduler."""
+        """Size the pools from the model's real cache shapes; build executor + scheduler."""
         model = self.loaded.model
-        shapes = probe_layer_shapes(model)
-        per_token = KVPool.bytes_per_token(shapes)
-        cap = self.config.max_running_requests * self.loaded.context_length
-        pool_tokens = self.config.max_total_tokens or derive_pool_tokens(
-            per_token, self.config.mem_fraction, cap
+        layout = probe_layout(model)
+        cfg = self.config
+        plan = plan_memory(
+            layout,
+            cfg.max_total_tokens,
+            cfg.max_running_requests,
+            cfg.max_prefill_tokens,
+            cfg.mem_fraction,
+            self.loaded.context_length,
         )
-        self.pool_tokens = pool_tokens
-        self.max_context_len = min(self.loaded.context_length, pool_tokens)
-        self.executor = Executor(model, pool_tokens, shapes, seed=self.config.seed)
+        self.plan = plan
+        self.pool_tokens = plan.full_tokens or plan.sliding_tokens
+        context = self.loaded.context_length
+        self.max_context_len = min(context, plan.full_tokens) if plan.full_tokens else context
+        self.executor = Executor(model, plan, layout, seed=cfg.seed)
         eos = set(getattr(self.loaded.tokenizer, "eos_token_ids", None) or [])
-        self.scheduler = Scheduler(self.config, pool_tokens, self.max_context_len, eos)
+        self.scheduler = Scheduler(cfg, plan, self.max_context_len, eos)
+        mib = 2**-20
         logger.info(
-            "KV pool: %d token slots x %d layers (%.1f MiB, %d bytes/token), %d request rows, "
+            "KV pools: %d full-attention slots (%.1f MiB), %d sliding-window slots "
+            "(window %s, %.1f MiB), %d recurrent-state slots (%.1f MiB); %d request rows, "
             "context %d, prefill chunk %d",
-            pool_tokens,
-            len(shapes),
-            pool_tokens * per_token / 2**20,
-            per_token,
-            self.config.max_running_requests,
+            plan.full_tokens,
+            plan.full_tokens * layout.bytes_per_token("full") * mib,
+            plan.sliding_tokens,
+            plan.window,
+            plan.sliding_tokens * layout.bytes_per_token("sliding") * mib,
+            plan.state_slots,
+            plan.state_slots * layout.bytes_per_state_slot * mib,
+            cfg.max_running_requests,
             self.max_context_len,
-            self.config.max_prefill_tokens,
+            cfg.max_prefill_tokens,
         )
 
     def _run(self) -> None:
@@ -181,9 +210,16 @@ class Engine:
             self._audit_slots()
         self._drain_inbox(block=idle)
         batch = sched.schedule()
-        if batch is None:
-            return
+        if batch is not None:
+            self._run_batch(batch)
+        self._stats = engine_stats(sched, self._unfinished, _mlx_memory())
+
+    def _run_batch(self, batch: ForwardBatch) -> None:
+        sched = self.scheduler
         self._audit_pending = True
+        now = time.monotonic()
+        for request_id in batch.request_ids:
+            self._requests[request_id].stats.mark_scheduled(now)
         try:
             out = self.executor.forward(batch)
         except Exception as e:
@@ -228,13 +264,16 @@ class Engine:
                 return
             self._requests[req.request_id] = req
         elif kind == "abort":
-            req = sched.abort(payload)
+            request_id, reason = payload
+            req = sched.abort(request_id)
             if req is not None:
-                self._deliver(req, sched.make_event(req, [], "abort"))
+                self._deliver(req, sched.make_event(req, [], reason))
 
     def _deliver(self, req: Request, event: RequestOutput) -> None:
         """Hand an event to the request's consumer; a consumer that raises fails only its
         own request."""
+        if self.observer is not None:
+            self._observe(req, event)
         if event.finished:
             if self._requests.get(req.request_id) is req:
                 del self._requests[req.request_id]
@@ -254,6 +293,14 @@ class Engine:
                 except Exception:
                     pass
 
+    def _observe(self, req: Request, event: RequestOutput) -> None:
+        try:
+            req.stats.record(event, req.params.max_tokens, time.monotonic(), self.observer)
+        except Exception:
+            # Metrics must never take a request (or the engine) down with them.
+            logger.exception("stats observer failed; metrics are off from now on")
+            self.observer = None
+
     def _fail_everything(self, message: str) -> None:
         for req in list(self._requests.values()):
             try:
@@ -263,6 +310,10 @@ class Engine:
         self._requests.clear()
         with self._unfinished_lock:
             self._unfinished = 0
+
+
+def _mlx_memory() -> tuple[int, int, int]:
+    return mx.get_active_memory(), mx.get_peak_memory(), mx.get_cache_memory()
 
 
 def _wait_for_native_exit(native_id: int | None, timeout: float = 5.0) -> None:

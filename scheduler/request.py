@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from scheduler.outputs import RequestOutput
 from scheduler.sampling_params import SamplingParams
+from scheduler.stats import RequestStats
 
 
 class RequestStatus(enum.Enum):
@@ -41,6 +42,12 @@ class Request:
     cached_len: int = 0
     # Slots written into this request's row: cached_len plus the in-flight chunk.
     allocated_len: int = 0
+    # First position still held in the sliding-window slot space (see token_spaces.py).
+    sliding_start: int = 0
+    # The recurrent-state slot of a model with recurrent layers, while running.
+    state_slot: int | None = None
+    # Timestamps for metrics (queued, scheduled, first/last token), stamped by the engine.
+    stats: RequestStats = field(default_factory=RequestStats)
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:

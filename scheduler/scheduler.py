@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 from collections import deque
 
-import numpy as np
-
-from kvpool import ReqToTokenPool, TokenToKVPoolAllocator
-from scheduler.batch import ForwardBatch, ForwardOutput, SamplingArrays
+from kvpool import ReqToTokenPool, StateSlotAllocator
+from scheduler.batch import ForwardBatch, ForwardOutput
+from scheduler.batch_builder import build_forward_batch
 from scheduler.config import EngineConfig
+from scheduler.memory_plan import MemoryPlan
 from scheduler.outputs import FinishReason, RequestOutput
 from scheduler.request import Request, RequestStatus
+from scheduler.token_spaces import TokenSpaces
 
 logger = logging.getLogger(__name__)
 
@@ -28,23 +29,33 @@ class Scheduler:
     ``max_prefill_tokens``) or a decode step (one token for every running request whose
     prompt is fully in the pool). While both kinds of work exist the two alternate, so a
     long prompt arriving never stalls running streams for more than one chunk.
+
+    For models with recurrent layers every row of a prefill step feeds the same number of
+    tokens: a padding token must never enter a recurrent state, and unmodified model code
+    cannot be told to skip it, so there is no padding there at all.
     """
 
     def __init__(
         self,
         config: EngineConfig,
-        pool_tokens: int,
+        plan: MemoryPlan,
         max_context_len: int,
         eos_token_ids: set[int],
     ) -> None:
         self.config = config
+        self.plan = plan
         self.req_pool = ReqToTokenPool(config.max_running_requests, max_context_len)
-        self.allocator = TokenToKVPoolAllocator(pool_tokens)
+        self.spaces = TokenSpaces(self.req_pool, plan.full_tokens, plan.sliding_tokens, plan.window)
+        self.state_allocator = StateSlotAllocator(plan.state_slots) if plan.state_slots else None
         self.max_context_len = max_context_len
         self.eos_token_ids = set(eos_token_ids)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        # Prompt tokens looked up in / found in the prefix cache (0 until it exists; exported
+        # as mlxserve:prefix_cache_queries_total / _hits_total).
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
         self._in_flight: list[Request] = []
         self._last_phase = "decode"
         self._arrivals = 0
@@ -97,32 +108,51 @@ class Scheduler:
 
     def _schedule_prefill(self) -> ForwardBatch | None:
         budget = self.config.max_prefill_tokens
+        # With recurrent layers the first row fixes the chunk length of the whole step.
+        width: int | None = None
         rows: list[tuple[Request, int]] = []
         for req in sorted(self.running, key=lambda r: r.arrival):
             if req.pending_len <= 1 or budget == 0:
                 continue
-            n = min(req.pending_len, budget, self.allocator.available_size())
+            n = min(req.pending_len, budget, self.spaces.available())
+            if width is not None and n < width:
+                continue
+            n = width or n
             if n == 0:
                 break
+            if self.plan.recurrent:
+                width = n
             self._alloc_slots(req, n)
             rows.append((req, n))
             budget -= n
-        while self.waiting and budget > 0 and self.req_pool.available_size() > 0:
-            req = self.waiting[0]
+        for req in list(self.waiting):
+            if budget == 0 or self.req_pool.available_size() == 0:
+                break
             n = min(req.pending_len, budget)
+            if width is not None:
+                if n < width:
+                    continue
+                n = width
             if not self._can_admit(n):
                 break
-            self.waiting.popleft()
-            req.row = self.req_pool.alloc()
-            req.status = RequestStatus.RUNNING
-            self.running.append(req)
+            self.waiting.remove(req)
+            self._admit(req)
+            if self.plan.recurrent:
+                width = n
             self._alloc_slots(req, n)
             rows.append((req, n))
             budget -= n
         return self._build_batch("prefill", rows) if rows else None
 
+    def _admit(self, req: Request) -> None:
+        req.row = self.req_pool.alloc()
+        if self.state_allocator is not None:
+            req.state_slot = int(self.state_allocator.alloc(1)[0])
+        req.status = RequestStatus.RUNNING
+        self.running.append(req)
+
     def _can_admit(self, n: int) -> bool:
-        free = self.allocator.available_size()
+        free = self.spaces.available()
         if not self.running:
             return n <= free
         reserved = sum(
@@ -132,7 +162,7 @@ class Scheduler:
 
     def _schedule_decode(self) -> ForwardBatch | None:
         decoding = [r for r in self.running if r.pending_len == 1]
-        while self.allocator.available_size() < len(decoding):
+        while self.spaces.available() < len(decoding):
             victim = max(self.running, key=lambda r: r.arrival)
             self._preempt(victim)
             if victim in decoding:
@@ -144,38 +174,8 @@ class Scheduler:
         return self._build_batch("decode", [(r, 1) for r in decoding])
 
     def _build_batch(self, phase: str, rows: list[tuple[Request, int]]) -> ForwardBatch:
-        B = len(rows)
-        L = max(n for _, n in rows)
-        S = max(r.cached_len + n for r, n in rows)
-        input_ids = np.zeros((B, L), np.int32)
-        write_slots = np.zeros((B, L), np.int32)
-        cached = np.array([r.cached_len for r, _ in rows], np.int32)
-        extend = np.array([n for _, n in rows], np.int32)
-        for i, (req, n) in enumerate(rows):
-            c = req.cached_len
-            input_ids[i, :n] = req.token_ids(c, c + n)
-            write_slots[i, :n] = self.req_pool.req_to_token[req.row, c : c + n]
-        row_ids = np.array([r.row for r, _ in rows], np.int64)
-        read_slots = self.req_pool.req_to_token[row_ids, :S]
-        read_slots = np.where(np.arange(S)[None, :] < (cached + extend)[:, None], read_slots, 0)
-        params = [r.params for r, _ in rows]
         self._in_flight = [r for r, _ in rows]
-        return ForwardBatch(
-            phase=phase,
-            request_ids=[r.request_id for r, _ in rows],
-            input_ids=input_ids,
-            cached_lens=cached,
-            extend_lens=extend,
-            write_slots=write_slots,
-            read_slots=read_slots.astype(np.int32),
-            sample_rows=np.array([r.cached_len + n == r.seq_len for r, n in rows]),
-            sampling=SamplingArrays(
-                temperature=np.array([p.temperature for p in params], np.float32),
-                top_p=np.array([p.top_p for p in params], np.float32),
-                top_k=np.array([p.top_k for p in params], np.int32),
-                min_p=np.array([p.min_p for p in params], np.float32),
-            ),
-        )
+        return build_forward_batch(phase, rows, self.spaces)
 
     # ----------------------------------------------------------------- results
     def process(self, batch: ForwardBatch, out: ForwardOutput) -> list[RequestOutput]:
@@ -185,6 +185,7 @@ class Scheduler:
         for i, req in enumerate(self._in_flight):
             req.cached_len += int(batch.extend_lens[i])
             assert req.cached_len == req.allocated_len, (req.cached_len, req.allocated_len)
+            self.spaces.trim_window(req)
             if not batch.sample_rows[i]:
                 continue
             token = int(out.next_token_ids[i])
@@ -231,17 +232,16 @@ class Scheduler:
 
     # ----------------------------------------------------------------- slots
     def _alloc_slots(self, req: Request, n: int) -> None:
-        ids = self.allocator.alloc(n)
-        assert ids is not None, f"caller checked that {n} slots are free"
-        start = req.allocated_len
-        self.req_pool.req_to_token[req.row, start : start + n] = ids
-        req.allocated_len += n
+        self.spaces.alloc(req, n)
 
     def _free_slots(self, req: Request) -> None:
         if req.row is None:
             return
-        self.allocator.free(self.req_pool.req_to_token[req.row, : req.allocated_len].copy())
+        self.spaces.release(req)
         self.req_pool.free(req.row)
+        if req.state_slot is not None:
+            self.state_allocator.free([req.state_slot])
+            req.state_slot = None
         req.row = None
         req.allocated_len = 0
 
@@ -264,8 +264,9 @@ class Scheduler:
 
     def check_integrity(self) -> None:
         """Assert every token slot and request row is free or owned exactly once."""
-        owned = [self.req_pool.req_to_token[r.row, : r.allocated_len] for r in self.running]
-        self.allocator.check_integrity(owned)
+        self.spaces.check_integrity(self.running)
+        if self.state_allocator is not None:
+            self.state_allocator.check_integrity([[r.state_slot] for r in self.running])
         self.req_pool.check_integrity([r.row for r in self.running])
         for req in self.waiting:
             assert req.row is None and req.allocated_len == 0, (

@@ -1,0 +1,63 @@
+"""Turning the scheduler's chosen rows into the numpy arrays of a ``ForwardBatch``."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from scheduler.batch import ForwardBatch, SamplingArrays
+from scheduler.request import Request
+from scheduler.token_spaces import TokenSpace, TokenSpaces
+
+
+def _space_slots(
+    space: TokenSpace | None, rows: list[tuple[Request, int]]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Write slots ``[B, L]``, read slots ``[B, S]`` and the position of read column 0
+    ``[B]`` of one space; zeros (the padding slot) where a row has nothing."""
+    B, L = len(rows), max(n for _, n in rows)
+    if space is None:
+        return np.zeros((B, L), np.int32), np.zeros((B, 1), np.int32), np.zeros(B, np.int32)
+    starts = np.array([space.start(r) for r, _ in rows], np.int32)
+    ends = np.array([r.cached_len + n for r, n in rows], np.int32)
+    S = int((ends - starts).max())
+    write = np.zeros((B, L), np.int32)
+    read = np.zeros((B, S), np.int32)
+    for i, (req, n) in enumerate(rows):
+        row = space.table[req.row]
+        write[i, :n] = row[req.cached_len : req.cached_len + n]
+        read[i, : ends[i] - starts[i]] = row[starts[i] : ends[i]]
+    return write, read, starts
+
+
+def build_forward_batch(
+    phase: str, rows: list[tuple[Request, int]], spaces: TokenSpaces
+) -> ForwardBatch:
+    """Rows are ``(request, n)``: feed ``n`` tokens of the request from ``cached_len``."""
+    B, L = len(rows), max(n for _, n in rows)
+    input_ids = np.zeros((B, L), np.int32)
+    for i, (req, n) in enumerate(rows):
+        input_ids[i, :n] = req.token_ids(req.cached_len, req.cached_len + n)
+    write, read, _ = _space_slots(spaces.full, rows)
+    sliding_write, sliding_read, sliding_start = _space_slots(spaces.sliding, rows)
+    params = [r.params for r, _ in rows]
+    return ForwardBatch(
+        phase=phase,
+        request_ids=[r.request_id for r, _ in rows],
+        input_ids=input_ids,
+        cached_lens=np.array([r.cached_len for r, _ in rows], np.int32),
+        extend_lens=np.array([n for _, n in rows], np.int32),
+        write_slots=write,
+        read_slots=read,
+        sliding_write_slots=sliding_write,
+        sliding_read_slots=sliding_read,
+        sliding_read_start=sliding_start,
+        state_slots=np.array([r.state_slot or 0 for r, _ in rows], np.int32),
+        fresh_rows=np.array([r.cached_len == 0 for r, _ in rows]),
+        sample_rows=np.array([r.cached_len + n == r.seq_len for r, n in rows]),
+        sampling=SamplingArrays(
+            temperature=np.array([p.temperature for p in params], np.float32),
+            top_p=np.array([p.top_p for p in params], np.float32),
+            top_k=np.array([p.top_k for p in params], np.int32),
+            min_p=np.array([p.min_p for p in params], np.float32),
+        ),
+    )
