@@ -143,7 +143,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=server_config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    _enable_fast_blas()
     return _serve(server_config, engine_config)
+
+
+def _enable_fast_blas() -> None:
+    """Serve MLX's CPU sgemm from OpenBLAS; must run before anything imports mlx.core."""
+    from mlx_backend.cpu_blas import enable_fast_blas
+
+    status = enable_fast_blas()
+    if not status.active:
+        logging.getLogger("mlxserve").warning("fast CPU BLAS off: %s", status.reason)
 
 
 if __name__ == "__main__":
