@@ -147,9 +147,10 @@ def _load_dir(path: str, model_id: str) -> LoadedModel:
 
     try:
         model, tokenizer, config = mlx_lm_load(path, return_config=True)
-    except (ValueError, OSError, KeyError) as e:
-        # mlx-lm raises FileNotFoundError without config/weights, ValueError for
-        # unknown model types and KeyError for configs missing required fields.
+    except Exception as e:  # noqa: BLE001 - any failure to load is the user's one-line error
+        # mlx-lm raises FileNotFoundError without config/weights, ValueError for unknown
+        # model types, KeyError for missing fields, and transformers' config validation
+        # raises its own error types (e.g. for layer types it does not know).
         raise ModelLoadError(f"Cannot load model directory {path}: {e}") from e
     cast_float_parameters_to_float32(model)
     return LoadedModel(

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 
 from mlx_backend.executor import Executor
 from mlx_backend.layer_layout import probe_layout
@@ -66,6 +67,11 @@ class Engine:
         Raises:
             RuntimeError: the engine failed to set up (the cause is chained).
         """
+        # NOTE: MLX streams are per thread. A lazy array the model built at load time (e.g.
+        # a slope table kept in a private attribute) evaluated on the engine thread fails
+        # with "There is no Stream(cpu, 0) in current thread", so materialize every array
+        # reachable from the model here, on the thread that built it.
+        mx.eval([a for _, a in tree_flatten(self.loaded.model) if isinstance(a, mx.array)])
         self._thread = threading.Thread(target=self._run, name="mlxserve-engine", daemon=True)
         self._thread.start()
         # NOTE: an engine thread still running MLX work while the interpreter finalizes
