@@ -26,6 +26,7 @@ class APIError(Exception):
         type: OpenAI error type (``invalid_request_error``, ``server_error``, ...).
         param: the request parameter at fault, if any.
         code: machine-readable code (``model_not_found``, ``context_length_exceeded``...).
+        headers: extra response headers (``Retry-After``, ``WWW-Authenticate``).
     """
 
     def __init__(
@@ -36,6 +37,7 @@ class APIError(Exception):
         type: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status_code = status_code
@@ -43,10 +45,15 @@ class APIError(Exception):
         self.type = type
         self.param = param
         self.code = code
+        self.headers = headers
 
     def body(self) -> dict[str, Any]:
         """The JSON body: ``{"error": {"message", "type", "param", "code"}}``."""
         return error_body(self.message, self.type, self.param, self.code)
+
+    def response(self) -> JSONResponse:
+        """The JSON response (status, body and headers)."""
+        return JSONResponse(self.body(), status_code=self.status_code, headers=self.headers)
 
 
 def error_body(
@@ -106,7 +113,7 @@ def validation_error(errors: list[dict[str, Any]]) -> APIError:
 
 async def _api_error_handler(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, APIError)
-    return JSONResponse(exc.body(), status_code=exc.status_code)
+    return exc.response()
 
 
 async def _validation_handler(_: Request, exc: Exception) -> JSONResponse:
@@ -115,10 +122,13 @@ async def _validation_handler(_: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(api_error.body(), status_code=api_error.status_code)
 
 
+_HTTP_CODES = {404: "not_found", 413: "request_too_large"}
+
+
 async def _http_handler(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
-    code = "not_found" if exc.status_code == 404 else None
+    code = _HTTP_CODES.get(exc.status_code)
     return JSONResponse(
         error_body(str(exc.detail), kind, code=code),
         status_code=exc.status_code,

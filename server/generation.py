@@ -8,6 +8,11 @@
 
 The engine never sees text: stop strings are matched here, and a match aborts the request
 in the engine (which frees its slots) while the client gets ``finish_reason="stop"``.
+
+The engine must never wait for a client, so events are always accepted; what bounds them is
+this side: a request whose client leaves more than ``max_buffered_tokens`` unread is failed,
+as is one running past its ``timeout``. A failure aborts the engine request and reaches the
+consumer as a ``GenerationError`` after the text it already had.
 """
 
 from __future__ import annotations
@@ -28,7 +33,28 @@ logger = logging.getLogger(__name__)
 
 
 class GenerationError(Exception):
-    """The engine failed the request (finish_reason "error"), or ended it unasked."""
+    """The request failed: the engine failed or ended it unasked, or the server gave up on it
+    (timeout, unread output, shutdown).
+
+    Args:
+        message: what happened, for the client.
+        status_code: the HTTP status when the response has not started yet.
+        type: OpenAI error type.
+        code: machine-readable code (``request_timeout``, ``stream_buffer_overflow``, ...).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        status_code: int = 500,
+        type: str = "server_error",
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status_code = status_code
+        self.type = type
+        self.code = code
 
 
 @dataclass(frozen=True)
@@ -51,6 +77,9 @@ class Generation:
         prompt_ids: the prompt's token ids.
         params: sampling parameters.
         stop: stop strings (matched on the detokenized text).
+        timeout: seconds from ``start`` after which the request is failed (None: never).
+        max_buffered_tokens: tokens the consumer may leave unread before the request is
+            failed (None: unbounded).
     """
 
     def __init__(
@@ -61,6 +90,8 @@ class Generation:
         prompt_ids: list[int],
         params: SamplingParams,
         stop: list[str],
+        timeout: float | None = None,
+        max_buffered_tokens: int | None = None,
     ) -> None:
         self.engine = engine
         self.request_id = request_id
@@ -71,7 +102,12 @@ class Generation:
         self.finish_reason: str | None = None
         self.finished = False
         self._loop = asyncio.get_running_loop()
-        self._queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self._queue: asyncio.Queue[RequestOutput | GenerationError] = asyncio.Queue()
+        self._timeout = timeout
+        self._timer: asyncio.TimerHandle | None = None
+        self._max_buffered = max_buffered_tokens
+        self._buffered = 0  # tokens queued and not consumed yet
+        self._failure: GenerationError | None = None
         self._detokenizer = tokenizer.detokenizer  # a fresh copy per access
         # End-of-generation tokens finish the request; they are not part of its text.
         self._hidden_ids = set(tokenizer.eos_token_ids) | set(params.stop_token_ids)
@@ -82,13 +118,28 @@ class Generation:
         """Hand the request to the engine."""
         self._started_at = time.monotonic()
         self.engine.add_request(self.request_id, self.prompt_ids, self.params, self._on_output)
+        if self._timeout:
+            self._timer = self._loop.call_later(self._timeout, self._on_timeout)
 
     def abort(self) -> None:
         """Stop the request in the engine unless it already finished (idempotent)."""
         if not self.finished:
             self.finished = True
+            self._cancel_timer()
             self.engine.abort(self.request_id)
             logger.info("request %s aborted", self.request_id)
+
+    def fail(self, error: GenerationError) -> None:
+        """Abort the request in the engine; the consumer gets the text it already had, then
+        ``error`` is raised from ``chunks()``. No-op once finished or failed. Call on the
+        event loop."""
+        if self.finished or self._failure is not None:
+            return
+        self._failure = error
+        self._cancel_timer()
+        self.engine.abort(self.request_id)
+        self._queue.put_nowait(error)
+        logger.info("request %s failed: %s", self.request_id, error)
 
     async def chunks(self) -> AsyncIterator[Chunk]:
         """Text as it is generated; the last chunk carries the finish reason.
@@ -98,6 +149,10 @@ class Generation:
         """
         while not self.finished:
             out = await self._queue.get()
+            if isinstance(out, GenerationError):
+                self._finish("error")
+                raise out
+            self._buffered -= len(out.new_token_ids)
             text = self._consume(out)
             if text or self.finished:
                 yield Chunk(text, self.finish_reason if self.finished else None)
@@ -108,11 +163,42 @@ class Generation:
 
     # ----------------------------------------------------------------- internals
     def _on_output(self, out: RequestOutput) -> None:
-        # Runs on the engine thread: only hand the event over to the loop.
+        # Runs on the engine thread: only hand the event over to the loop, never wait.
         try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, out)
+            self._loop.call_soon_threadsafe(self._push, out)
         except RuntimeError:
             pass  # the loop is closed (server shut down): nobody is listening any more
+
+    def _push(self, out: RequestOutput) -> None:
+        if self.finished or self._failure is not None:
+            return  # nobody will read it: the request was ended on this side
+        self._buffered += len(out.new_token_ids)
+        if self._max_buffered is not None and self._buffered > self._max_buffered:
+            self.fail(
+                GenerationError(
+                    f"The client did not read its stream: more than {self._max_buffered} "
+                    "tokens were waiting to be sent, so the request was aborted.",
+                    code="stream_buffer_overflow",
+                )
+            )
+            return
+        self._queue.put_nowait(out)
+
+    def _on_timeout(self) -> None:
+        self._timer = None
+        self.fail(
+            GenerationError(
+                f"The request timed out after {self._timeout:g} s and was aborted.",
+                status_code=408,
+                type="timeout_error",
+                code="request_timeout",
+            )
+        )
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def _consume(self, out: RequestOutput) -> str:
         pieces = []
@@ -124,13 +210,14 @@ class Generation:
             pieces.append(self._stop.feed(self._detokenizer.last_segment))
             if self._stop.stopped:
                 # The engine may already be a token or two further; those are dropped.
-                self.engine.abort(self.request_id)
+                self.engine.abort(self.request_id, reason="stop")
                 self._finish("stop")
                 return "".join(pieces)
         if out.finished:
             if out.finish_reason not in ("stop", "length"):
                 self._finish(out.finish_reason or "error")
-                raise GenerationError(out.error or f"request ended with '{out.finish_reason}'")
+                message = out.error or f"request ended with '{out.finish_reason}'"
+                raise GenerationError(f"Generation failed: {message}")
             self._detokenizer.finalize()
             pieces.append(self._stop.feed(self._detokenizer.last_segment))
             pieces.append(self._stop.flush())
@@ -140,6 +227,7 @@ class Generation:
     def _finish(self, reason: str) -> None:
         self.finished = True
         self.finish_reason = reason
+        self._cancel_timer()
         logger.debug(
             "request %s finished (%s): %d prompt + %d completion tokens in %.2fs",
             self.request_id,

@@ -1,8 +1,14 @@
-"""Starting the server: load the model, start the engine, run uvicorn (or run it in a thread)."""
+"""Starting the server: bind, then load the model behind it, then serve until a signal.
+
+``serve`` (the CLI) answers HTTP while the model loads (``/health`` reports progress) and
+drains on SIGTERM/SIGINT; ``serve_in_background`` runs an already-loaded model on a
+thread (tests, benchmarks, notebooks).
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 import time
@@ -13,46 +19,113 @@ from fastapi import FastAPI
 from mlx_backend.loaded_model import LoadedModel
 from scheduler.config import EngineConfig
 from scheduler.engine import Engine
-from server.app import create_app
+from server.app import VERSION, create_app
+from server.auth import is_loopback
 from server.config import ServerConfig
+from server.loading import BackgroundLoader, LoadProgress, backend_name, blas_line
+from server.shutdown import ABORT_FLUSH_S, GracefulServer
+from server.state import ServerState
 
 logger = logging.getLogger(__name__)
 
+# How long uvicorn waits for connections to close once the drain is over.
+FLUSH_TIMEOUT_S = ABORT_FLUSH_S + 5
+
 
 def serve(config: ServerConfig, engine_config: EngineConfig) -> None:
-    """Load ``config.model``, start the engine and serve until interrupted.
+    """Bind ``config.host:port``, load ``config.model`` behind it, serve until a signal.
 
     Raises:
         mlx_backend.loader.ModelLoadError: the model cannot be loaded.
         RuntimeError: the engine failed to start.
     """
-    from mlx_backend.loader import load_model  # heavy: only when actually serving
+    from mlx_backend.loader import ModelLoadError, load_model  # heavy: only when serving
 
-    _serve_loaded(load_model(config.model), config, engine_config)
+    check_model_path(config.model)
+    logger.info(
+        "mlxserve %s: model %s, backend %s, BLAS %s",
+        VERSION,
+        config.model or "embedded SmolLM2-135M-Instruct",
+        backend_name(),
+        blas_line(),
+    )
+    warn_if_exposed(config)
+    progress = LoadProgress()
+    app = create_app(None, None, config, progress)
+    state: ServerState = app.state.server
+    uv_config = uvicorn.Config(
+        app,
+        host=config.host,
+        port=config.port,
+        log_level=config.log_level,
+        timeout_graceful_shutdown=FLUSH_TIMEOUT_S,
+    )
+    server = GracefulServer(uv_config, state.shutdown, state.live_generations)
 
-
-def _serve_loaded(loaded: LoadedModel, config: ServerConfig, engine_config: EngineConfig) -> None:
-    engine = Engine(loaded, engine_config)
-    engine.start()
-    try:
-        app = create_app(loaded, engine, config)
+    def on_ready(loaded: LoadedModel, engine: Engine) -> None:
+        state.attach(loaded, engine)
+        ctx = state.ctx
         logger.info(
-            "serving %s (context %d tokens) at http://%s:%d/v1",
-            app.state.ctx.model_name,
-            app.state.ctx.context_length,
+            "ready: serving %s (context %d tokens) at http://%s:%d/v1",
+            ctx.model_name,
+            ctx.context_length,
             config.host,
             config.port,
         )
-        uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level)
+
+    def on_failed(_: BaseException) -> None:
+        server.should_exit = True
+
+    loader = BackgroundLoader(
+        lambda: load_model(config.model), engine_config, progress, on_ready, on_failed
+    ).start()
+    try:
+        server.run()
     finally:
-        engine.shutdown()
+        if not loader.join(timeout=0):
+            # NOTE: MLX work on a thread alive at interpreter exit aborts the process.
+            logger.info("waiting for model loading to finish before exiting")
+            loader.join()
+        if loader.engine is not None:
+            loader.engine.shutdown()
+    error = loader.error
+    if error is not None and not state.shutdown.draining:
+        if isinstance(error, (ModelLoadError, RuntimeError)):
+            raise error
+        raise RuntimeError(f"loading failed: {error}") from error
+
+
+def check_model_path(spec: str | None) -> None:
+    """Fail at once, before binding, for a local model path that does not exist.
+
+    Raises:
+        mlx_backend.loader.ModelLoadError: ``spec`` names a missing file or directory.
+    """
+    from mlx_backend.loader import ModelLoadError
+
+    if spec is None or os.path.exists(os.path.expanduser(spec)):
+        return
+    # Anything that cannot be a Hugging Face repo id ("org/name") is meant as a path.
+    if spec.lower().endswith(".gguf") or spec.startswith((".", "~", os.sep)):
+        raise ModelLoadError(f"Model path does not exist: {spec}")
+
+
+def warn_if_exposed(config: ServerConfig) -> None:
+    """Warn when the server is reachable from other machines without an API key."""
+    if not is_loopback(config.host) and not config.api_keys():
+        logger.warning(
+            "binding %s without an API key: anyone who can reach this port can use the "
+            "server (set --api-key or MLXSERVE_API_KEY)",
+            config.host,
+        )
 
 
 class BackgroundServer:
     """uvicorn serving ``app`` on a background thread (tests, benchmarks, notebooks).
 
     The socket is bound before the thread starts, so ``port=0`` picks a free port without
-    a race; ``url`` says where it landed.
+    a race; ``url`` says where it landed. Signals stay with the main thread; call
+    ``begin_shutdown`` for the drain a signal would start.
 
     Args:
         app: the ASGI app (``create_app(...)``).
@@ -71,7 +144,9 @@ class BackgroundServer:
         self.app = app
         # The engine this server owns (set by serve_in_background); stop() shuts it down.
         self.engine: Engine | None = None
-        self._server = uvicorn.Server(uvicorn.Config(app, log_level=log_level))
+        state: ServerState = app.state.server
+        config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=FLUSH_TIMEOUT_S)
+        self._server = GracefulServer(config, state.shutdown, state.live_generations)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
         )
@@ -94,6 +169,16 @@ class BackgroundServer:
                 raise RuntimeError("uvicorn did not start")
             time.sleep(0.01)
         return self
+
+    def begin_shutdown(self) -> None:
+        """Drain as on SIGTERM: refuse new requests, let running ones finish (up to the
+        config's shutdown_timeout), abort the rest, then stop uvicorn."""
+        self._server.begin_shutdown()
+
+    def wait_stopped(self, timeout: float) -> bool:
+        """Wait for uvicorn's thread to end; False if it still runs after ``timeout``."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     def stop(self, timeout: float = 30.0) -> None:
         """Ask uvicorn to exit, wait for its thread, then shut down the owned engine."""

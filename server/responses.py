@@ -71,7 +71,7 @@ async def _events(
         yield _sse("[DONE]")
     except GenerationError as e:
         # The status line (200) is already sent: report in-band, as OpenAI does.
-        yield _sse(error_body(f"Generation failed: {e}", "server_error"))
+        yield _sse(error_body(e.message, e.type, code=e.code))
         yield _sse("[DONE]")
     finally:
         # Reached also when the client disconnects (the stream is cancelled).
@@ -144,7 +144,7 @@ async def _text_unless_disconnected(gen: Generation, request: Request) -> str | 
     try:
         return text_task.result()
     except GenerationError as e:
-        raise APIError(500, f"Generation failed: {e}", type="server_error") from e
+        raise APIError(e.status_code, e.message, type=e.type, code=e.code) from e
 
 
 async def complete_chat(gen: Generation, model: str, request: Request) -> Response | ChatCompletion:

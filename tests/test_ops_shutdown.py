@@ -1,0 +1,116 @@
+"""Graceful shutdown: on SIGTERM new requests get 503, a running stream completes, and the
+process exits 0; requests still running at --shutdown-timeout end with an error chunk."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from mlx_backend.loaded_model import LoadedModel
+from scheduler.config import EngineConfig
+from server.config import ServerConfig
+from tests.ops_helpers import completion, running_server, sse_payloads, wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def stream_in_thread(
+    url: str, body: dict[str, Any]
+) -> tuple[threading.Thread, list, threading.Event]:
+    """POST a streamed completion on a thread; returns it, its payloads and a first-token
+    event."""
+    payloads: list = []
+    first = threading.Event()
+
+    def run() -> None:
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as response:
+            assert response.status_code == 200, response.read()
+            for payload in sse_payloads(response.iter_lines()):
+                payloads.append(payload)
+                first.set()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, payloads, first
+
+
+class TestSigterm:
+    def test_running_stream_completes_and_exit_status_is_zero(self) -> None:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        cmd = [sys.executable, "-m", "server.cli", "--port", str(port)]
+        cmd += ["--max-total-tokens", "256", "--max-running-requests", "2"]
+        cmd += ["--shutdown-timeout", "60", "--log-level", "warning"]
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        try:
+
+            def healthy() -> bool:
+                assert proc.poll() is None, f"the server exited: {proc.stdout.read()}"
+                try:
+                    return httpx.get(url + "/health", timeout=5).status_code == 200
+                except httpx.TransportError:
+                    return False
+
+            wait_for(healthy, 180, "the server to load and warm up")
+            model = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
+            body = completion(
+                model, max_tokens=8, stream=True, stream_options={"include_usage": True}
+            )
+            thread, payloads, first = stream_in_thread(url, body)
+            assert first.wait(60), "the stream produced nothing"
+            proc.send_signal(signal.SIGTERM)
+
+            wait_for(
+                lambda: httpx.get(url + "/health", timeout=5).status_code == 503,
+                10,
+                "/health to report draining",
+            )
+            assert httpx.get(url + "/health", timeout=5).json() == {"status": "draining"}
+            refused = httpx.post(url + "/v1/completions", json=completion(model), timeout=10)
+            assert refused.status_code == 503, refused.text
+            assert refused.json()["error"]["code"] == "server_shutting_down", refused.text
+
+            thread.join(120)
+            assert payloads[-1] == "[DONE]", payloads[-3:]
+            assert payloads[-2]["usage"]["completion_tokens"] == 8, "every token was sent"
+            assert payloads[-3]["choices"][0]["finish_reason"] == "length", payloads[-3]
+            assert proc.wait(60) == 0, proc.stdout.read()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+class TestShutdownTimeout:
+    def test_requests_past_the_timeout_get_an_error_chunk(self, smollm: LoadedModel) -> None:
+        engine_config = EngineConfig(max_total_tokens=256, max_running_requests=2)
+        config = ServerConfig(port=0, shutdown_timeout=0.5)
+        with running_server(smollm, engine_config, config) as srv:
+            thread, payloads, first = stream_in_thread(
+                srv.url, completion(smollm.model_id, max_tokens=100, stream=True)
+            )
+            assert first.wait(60), "the stream produced nothing"
+            started = time.monotonic()
+            srv.begin_shutdown()
+            thread.join(60)
+            assert payloads[-1] == "[DONE]", payloads[-3:]
+            error = payloads[-2]["error"]
+            assert error["code"] == "server_shutting_down", error
+            assert srv.wait_stopped(30), "uvicorn did not exit after the drain"
+            assert time.monotonic() - started < 20
