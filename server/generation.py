@@ -27,6 +27,7 @@ from typing import Any
 from scheduler.engine import Engine
 from scheduler.outputs import RequestOutput
 from scheduler.sampling_params import SamplingParams
+from server.detokenizer import IncrementalDetokenizer
 from server.stop_strings import StopMatcher
 
 logger = logging.getLogger(__name__)
@@ -108,7 +109,7 @@ class Generation:
         self._max_buffered = max_buffered_tokens
         self._buffered = 0  # tokens queued and not consumed yet
         self._failure: GenerationError | None = None
-        self._detokenizer = tokenizer.detokenizer  # a fresh copy per access
+        self._detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids)
         # End-of-generation tokens finish the request; they are not part of its text.
         self._hidden_ids = set(tokenizer.eos_token_ids) | set(params.stop_token_ids)
         self._stop = StopMatcher(stop)
@@ -206,8 +207,7 @@ class Generation:
             self.completion_tokens += 1
             if token in self._hidden_ids:
                 continue
-            self._detokenizer.add_token(token)
-            pieces.append(self._stop.feed(self._detokenizer.last_segment))
+            pieces.append(self._stop.feed(self._detokenizer.add(token)))
             if self._stop.stopped:
                 # The engine may already be a token or two further; those are dropped.
                 self.engine.abort(self.request_id, reason="stop")
@@ -218,8 +218,7 @@ class Generation:
                 self._finish(out.finish_reason or "error")
                 message = out.error or f"request ended with '{out.finish_reason}'"
                 raise GenerationError(f"Generation failed: {message}")
-            self._detokenizer.finalize()
-            pieces.append(self._stop.feed(self._detokenizer.last_segment))
+            pieces.append(self._stop.feed(self._detokenizer.flush()))
             pieces.append(self._stop.flush())
             self._finish("stop" if self._stop.stopped else out.finish_reason)
         return "".join(pieces)
