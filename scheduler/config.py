@@ -21,7 +21,7 @@ class EngineConfig:
     max_total_tokens: int = 0
     max_running_requests: int = 32
     max_prefill_tokens: int = 2048
-    mem_fraction: float = 0.5
+    mem_fraction: float = 0.25
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -23,6 +23,9 @@ class ServerConfig:
         host: address to bind.
         port: TCP port to bind.
         log_level: logging level of the server and of uvicorn.
+        keep_quantized: on the CPU backend, serve quantized weights as they are instead of
+            dequantizing them to float32 (which is several times faster with OpenBLAS but
+            takes ~4-8x the weight memory).
         api_key: API keys, comma-separated, one of which every /v1/*, /tokenize and
             /detokenize request must send as "Authorization: Bearer KEY" (default: the
             MLXSERVE_API_KEY environment variable; unset: no authentication).
@@ -47,6 +50,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     log_level: LogLevel = "info"
+    keep_quantized: bool = False
     # Secrets stay out of repr(), so logging a config can never leak a key.
     api_key: str | None = field(default=None, repr=False)
     protect_metrics: bool = False

@@ -22,7 +22,14 @@ from scheduler.engine import Engine
 from server.app import VERSION, create_app
 from server.auth import is_loopback
 from server.config import ServerConfig
-from server.loading import BackgroundLoader, LoadProgress, backend_name, blas_line
+from server.loading import (
+    BackgroundLoader,
+    LoadProgress,
+    backend_name,
+    blas_line,
+    convert_for_backend,
+    keep_quantized_note,
+)
 from server.shutdown import ABORT_FLUSH_S, GracefulServer
 from server.state import ServerState
 
@@ -77,7 +84,12 @@ def serve(config: ServerConfig, engine_config: EngineConfig) -> None:
         server.should_exit = True
 
     loader = BackgroundLoader(
-        lambda: load_model(config.model), engine_config, progress, on_ready, on_failed
+        lambda: load_model(config.model),
+        engine_config,
+        progress,
+        on_ready,
+        on_failed,
+        convert=keep_quantized_note if config.keep_quantized else convert_for_backend,
     ).start()
     try:
         server.run()

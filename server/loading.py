@@ -114,6 +114,11 @@ def convert_for_backend(loaded: LoadedModel) -> str | None:
     return dequantize_for_cpu(loaded.model).reason
 
 
+def keep_quantized_note(loaded: LoadedModel) -> str:
+    """The conversion stage under ``--keep-quantized``: nothing is converted."""
+    return "weights kept as loaded (--keep-quantized)"
+
+
 def warm_up(engine: Engine, loaded: LoadedModel) -> None:
     """Run one tiny request (a prefill and a decode step) so the first client does not pay
     for MLX's first-use costs.

@@ -1,0 +1,29 @@
+"""The CPU weight policy: dequantized by default, quantized with --keep-quantized."""
+
+from __future__ import annotations
+
+import mlx.nn as nn
+
+from mlx_backend.loader import load_model
+from server.cli import _from_args, build_parser
+from server.config import ServerConfig
+from server.loading import convert_for_backend, keep_quantized_note
+
+
+def quantized_layers(model: nn.Module) -> int:
+    return sum(isinstance(m, nn.QuantizedLinear | nn.QuantizedEmbedding) for m in model.modules())
+
+
+class TestWeightPolicy:
+    def test_flag_parses_into_the_server_config(self):
+        parser = build_parser()
+        assert _from_args(ServerConfig, parser.parse_args([])).keep_quantized is False
+        args = parser.parse_args(["--keep-quantized"])
+        assert _from_args(ServerConfig, args).keep_quantized is True
+
+    def test_default_conversion_dequantizes_and_the_flag_does_not(self):
+        kept, converted = load_model(None), load_model(None)
+        assert "kept" in keep_quantized_note(kept)
+        assert quantized_layers(kept.model) > 0, "--keep-quantized must leave layers as loaded"
+        note = convert_for_backend(converted)
+        assert quantized_layers(converted.model) == 0, f"still quantized after: {note}"
