@@ -77,6 +77,9 @@ class Request:
     def token_ids(self, start: int, end: int) -> list[int]:
         """Tokens of ``prompt + output`` in ``[start, end)``."""
         assert 0 <= start <= end <= self.seq_len, (start, end, self.seq_len)
-        if end <= self.prompt_len:
+        p = self.prompt_len
+        if end <= p:
             return self.prompt_ids[start:end]
-        return (self.prompt_ids + self.output_ids)[start:end]
+        if start >= p:  # decode: no copy of the whole sequence per step
+            return self.output_ids[start - p : end - p]
+        return self.prompt_ids[start:] + self.output_ids[: end - p]
