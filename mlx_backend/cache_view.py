@@ -96,8 +96,8 @@ class PoolKVCacheView:
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         B, H, L, _ = keys.shape
         index = self._ctx.spaces[self._space]
-        flat_k = keys.transpose(0, 2, 1, 3).reshape(B * L, H, keys.shape[-1])
-        flat_v = values.transpose(0, 2, 1, 3).reshape(B * L, H, values.shape[-1])
+        flat_k = keys.transpose(1, 0, 2, 3).reshape(H, B * L, keys.shape[-1])
+        flat_v = values.transpose(1, 0, 2, 3).reshape(H, B * L, values.shape[-1])
         self._pool.write(self._index, index.write, flat_k, flat_v)
         return self._pool.read(self._index, index.read)
 

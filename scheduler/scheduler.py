@@ -107,42 +107,53 @@ class Scheduler:
         return batch
 
     def _schedule_prefill(self) -> ForwardBatch | None:
-        budget = self.config.max_prefill_tokens
-        # With recurrent layers the first row fixes the chunk length of the whole step.
-        width: int | None = None
         rows: list[tuple[Request, int]] = []
         for req in sorted(self.running, key=lambda r: r.arrival):
-            if req.pending_len <= 1 or budget == 0:
+            if req.pending_len <= 1:
                 continue
-            n = min(req.pending_len, budget, self.spaces.available())
-            if width is not None and n < width:
-                continue
-            n = width or n
-            if n == 0:
+            n = self._chunk_len(rows, min(req.pending_len, self.spaces.available()))
+            if n is None:
                 break
-            if self.plan.recurrent:
-                width = n
+            if n == 0:
+                continue
             self._alloc_slots(req, n)
             rows.append((req, n))
-            budget -= n
         for req in list(self.waiting):
-            if budget == 0 or self.req_pool.available_size() == 0:
+            if self.req_pool.available_size() == 0:
                 break
-            n = min(req.pending_len, budget)
-            if width is not None:
-                if n < width:
-                    continue
-                n = width
+            n = self._chunk_len(rows, req.pending_len)
+            if n is None:
+                break
+            if n == 0:
+                continue
             if not self._can_admit(n):
                 break
             self.waiting.remove(req)
             self._admit(req)
-            if self.plan.recurrent:
-                width = n
             self._alloc_slots(req, n)
             rows.append((req, n))
-            budget -= n
         return self._build_batch("prefill", rows) if rows else None
+
+    def _chunk_len(self, rows: list[tuple[Request, int]], wanted: int) -> int | None:
+        """Tokens the next row may feed in this prefill step: 0 to skip the row, None when
+        the step is full.
+
+        The budget counts *padded* positions (rows x longest chunk): that is what the
+        forward computes. A row longer than the current width is cut to it (the rest
+        follows in later chunks) rather than widening every row. With recurrent layers the
+        first row fixes the width and shorter rows wait (no padding may enter a state).
+        """
+        budget = self.config.max_prefill_tokens
+        if not rows:
+            return min(wanted, budget) or None
+        width = max(n for _, n in rows)
+        if (len(rows) + 1) * width > budget:
+            return None
+        if self.plan.recurrent:
+            return width if wanted >= width else 0
+        if wanted > width and (len(rows) + 1) * wanted <= budget:
+            return wanted
+        return min(wanted, width)
 
     def _admit(self, req: Request) -> None:
         req.row = self.req_pool.alloc()
