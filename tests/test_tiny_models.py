@@ -27,7 +27,7 @@ from mlx_lm.models.cache import (
 )
 
 from mlx_backend.loaded_model import LoadedModel
-from mlx_backend.loader import load_model
+from mlx_backend.loader import ModelLoadError, load_model
 from tests.tiny_models import (
     ARCHITECTURES,
     EOS_TOKEN_ID,
@@ -185,7 +185,7 @@ class TestLoad:
         )
 
     @pytest.mark.parametrize("arch", IN_MEMORY_ARCHITECTURES)
-    @pytest.mark.xfail(reason=GEAR_LOAD_FAILURE, strict=False)
+    @pytest.mark.xfail(reason=GEAR_LOAD_FAILURE, raises=ModelLoadError, strict=False)
     def test_in_memory_only_architectures_load(self, arch, tmp_path):
         # Documents the failure; an XPASS means transformers or mlx-lm fixed it and the
         # architecture can move to EXTRA_ARCHITECTURES.

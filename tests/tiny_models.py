@@ -439,7 +439,7 @@ EXTRA_ARCHITECTURES: list[str] = list(_EXTRA_CONFIGS)
 IN_MEMORY_ARCHITECTURES: list[str] = list(_IN_MEMORY_CONFIGS)
 GEAR_LOAD_FAILURE = (
     "transformers' config validation (run by AutoTokenizer on config.json) rejects the "
-    "'conv_mixer' layer type, and the error is not a ModelLoadError"
+    "'conv_mixer' layer type; load_model reports it as a one-line ModelLoadError"
 )
 
 # The loadable architectures with at least one recurrent-state (ArraysCache) cache, and
