@@ -1,0 +1,126 @@
+"""mlxserve's engine without HTTP: the time of each forward, by phase and batch size.
+
+Loads the model as mlxserve does, starts a ``scheduler.engine.Engine``, submits ``requests``
+greedy corpus prompts at once and times every ``executor.forward`` call. The median decode
+step at the full batch, set against :mod:`bench.forward_ceiling`, says how much of the gap
+to the ceiling is the engine's (slot-pool gathers, masks, sampling, scheduling) rather than
+the HTTP layer's. Example::
+
+    .venv/bin/python -m bench.engine_steps --model /tmp/smollm2-mlx --requests 32 --max-tokens 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make ``bench`` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import _env  # noqa: E402  (no mlx import: must precede mlx.core)
+
+
+def _prompt_ids(tokenizer: Any, prompt: str) -> list[int]:
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True
+    )
+    if hasattr(ids, "keys"):  # transformers 5: a BatchEncoding
+        ids = ids["input_ids"]
+    return list(ids)
+
+
+def run(
+    model_spec: str | None, requests: int, max_tokens: int, seed: int, timeout_s: float
+) -> dict[str, Any]:
+    """Serve ``requests`` prompts through the engine and summarize its forward times."""
+    notes = [_env.enable_blas()]
+    from bench.corpus import make_prompts
+    from mlx_backend.loader import load_model
+    from scheduler.config import EngineConfig
+    from scheduler.engine import Engine
+    from scheduler.sampling_params import SamplingParams
+
+    loaded = load_model(model_spec)
+    notes.append(_env.dequantize(loaded.model))
+    config = EngineConfig(max_total_tokens=32768, max_running_requests=requests)
+    engine = Engine(loaded, config)
+    engine.start()
+    steps: list[tuple[str, int, int, float]] = []  # phase, rows, padded length, seconds
+    forward = engine.executor.forward
+
+    def timed_forward(batch: Any) -> Any:
+        start = time.perf_counter()
+        out = forward(batch)
+        rows, length = batch.input_ids.shape
+        steps.append((batch.phase, rows, length, time.perf_counter() - start))
+        return out
+
+    engine.executor.forward = timed_forward
+    done = threading.Event()
+    left = [requests]
+    lock = threading.Lock()
+
+    def on_output(event: Any) -> None:
+        if event.finished:
+            with lock:
+                left[0] -= 1
+                if left[0] == 0:
+                    done.set()
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    prompts = [_prompt_ids(loaded.tokenizer, p) for p in make_prompts(seed, requests)]
+    start = time.perf_counter()
+    try:
+        for i, ids in enumerate(prompts):
+            engine.add_request(f"r{i}", ids, params, on_output)
+        finished = done.wait(timeout_s)
+    finally:
+        engine.shutdown()
+    wall = time.perf_counter() - start
+    prefill = [s for s in steps if s[0] == "prefill"]
+    full = [s[3] for s in steps if s[0] == "decode" and s[1] == requests]
+    median = statistics.median(full) if full else None
+    return {
+        "notes": notes,
+        "finished": finished,
+        "requests": requests,
+        "max_tokens": max_tokens,
+        "wall_s": wall,
+        "prefill_steps": len(prefill),
+        "prefill_s": sum(s[3] for s in prefill),
+        "prefill_real_tokens": sum(len(ids) for ids in prompts),
+        "prefill_padded_tokens": sum(s[1] * s[2] for s in prefill),
+        "decode_steps": sum(1 for s in steps if s[0] == "decode"),
+        "decode_s": sum(s[3] for s in steps if s[0] == "decode"),
+        "full_batch_decode_steps": len(full),
+        "full_batch_step_ms": None if median is None else median * 1e3,
+        "full_batch_decode_tok_s": None if median is None else requests / median,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point: prints (and optionally writes) the summary as JSON."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, help="model spec as for mlxserve (default: embedded)")
+    p.add_argument("--requests", type=int, default=32, help="requests (and the batch size)")
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=600.0, help="give up after this (s)")
+    p.add_argument("--json", type=Path, help="write the summary here")
+    args = p.parse_args(argv)
+    result = run(args.model, args.requests, args.max_tokens, args.seed, args.timeout)
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
+    return 0 if result["finished"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
