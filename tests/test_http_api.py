@@ -15,7 +15,8 @@ import pytest
 
 from mlx_backend.loaded_model import LoadedModel
 from scheduler.config import EngineConfig
-from server.launch import BackgroundServer, serve_in_background
+from server.launch import BackgroundServer
+from tests.ops_helpers import running_server
 
 ENGINE_CONFIG = EngineConfig(max_total_tokens=4096, max_running_requests=8)
 # A short system prompt keeps the prompt short (the default one is 31 tokens): prefill is slow.
@@ -27,14 +28,8 @@ PROMPT = "The capital of France is"
 
 @pytest.fixture(scope="module")
 def server(smollm: LoadedModel) -> Iterator[BackgroundServer]:
-    srv = serve_in_background(smollm, ENGINE_CONFIG)
-    try:
+    with running_server(smollm, ENGINE_CONFIG) as srv:
         yield srv
-        assert srv.engine is not None
-        assert srv.engine.wait_idle(60), "engine still busy after the tests"
-        srv.engine.check_integrity()
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="module")

@@ -21,8 +21,9 @@ from scheduler.engine import Engine
 from server.app import create_app
 from server.config import ServerConfig
 from server.errors import APIError
-from server.launch import BackgroundServer, serve_in_background
+from server.launch import BackgroundServer
 from server.prompts import resolve_max_tokens
+from tests.ops_helpers import running_server
 
 ENGINE_CONFIG = EngineConfig(max_total_tokens=4096, max_running_requests=8)
 CONTEXT = 4096  # the pool caps the model's 8192-token context
@@ -32,14 +33,8 @@ MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "conten
 
 @pytest.fixture(scope="module")
 def server(smollm: LoadedModel) -> Iterator[BackgroundServer]:
-    srv = serve_in_background(smollm, ENGINE_CONFIG)
-    try:
+    with running_server(smollm, ENGINE_CONFIG) as srv:
         yield srv
-        assert srv.engine is not None
-        assert srv.engine.wait_idle(60), "engine still busy after the tests"
-        srv.engine.check_integrity()
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="module")
