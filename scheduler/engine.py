@@ -43,7 +43,6 @@ class Engine:
         self.config = config
         self.scheduler: Scheduler | None = None
         self.executor: Executor | None = None
-        self.pool_tokens = 0
         self.max_context_len = 0
         self.error: BaseException | None = None
         self._inbox: queue.Queue = queue.Queue()
@@ -161,8 +160,6 @@ class Engine:
             cfg.mem_fraction,
             self.loaded.context_length,
         )
-        self.plan = plan
-        self.pool_tokens = plan.full_tokens or plan.sliding_tokens
         context = self.loaded.context_length
         self.max_context_len = min(context, plan.full_tokens) if plan.full_tokens else context
         self.executor = Executor(model, plan, layout, seed=cfg.seed)

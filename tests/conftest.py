@@ -9,6 +9,7 @@ from mlx_backend.cpu_blas import enable_fast_blas
 enable_fast_blas()
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import mlx.core as mx
@@ -89,6 +90,13 @@ class Collector:
                 self._done[request_id].set()
 
         return on_output
+
+    def wait_tokens(self, request_id: str, n: int, timeout: float = 60.0) -> None:
+        """Block until the request has produced ``n`` tokens (it is decoding)."""
+        deadline = time.monotonic() + timeout
+        while len(self.tokens[request_id]) < n and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert len(self.tokens[request_id]) >= n, f"{request_id} never reached {n} tokens"
 
     def wait(self, request_id: str, timeout: float = 60.0) -> RequestOutput:
         assert self._done[request_id].wait(timeout), f"{request_id} did not finish in {timeout}s"

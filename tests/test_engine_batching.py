@@ -5,8 +5,6 @@ Every test's engine is checked for leaked slots on teardown (``make_engine``).
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from tests.conftest import Collector, greedy_reference, submit
@@ -32,11 +30,7 @@ def run_all(engine, prompts, max_tokens=MAX_TOKENS, late_index=None):
     col = Collector()
     for i, prompt in enumerate(prompts):
         if i == late_index:
-            first = str(0)
-            deadline = time.monotonic() + 30
-            while len(col.tokens[first]) < 2 and time.monotonic() < deadline:
-                time.sleep(0.005)
-            assert len(col.tokens[first]) >= 2, "the early requests never started decoding"
+            col.wait_tokens("0", 2, timeout=30)
         submit(engine, col, str(i), prompt, max_tokens=max_tokens, temperature=0.0)
     finals = [col.wait(str(i)) for i in range(len(prompts))]
     return [col.tokens[str(i)] for i in range(len(prompts))], finals
@@ -83,9 +77,7 @@ class TestAbort:
         col = Collector()
         submit(engine, col, "long", [1, 2, 3], max_tokens=400, temperature=0.0)
         submit(engine, col, "short", [4, 5], max_tokens=4, temperature=0.0)
-        deadline = time.monotonic() + 30
-        while len(col.tokens["long"]) < 3 and time.monotonic() < deadline:
-            time.sleep(0.005)
+        col.wait_tokens("long", 3, timeout=30)
         engine.abort("long")
         assert col.wait("long").finish_reason == "abort"
         assert col.wait("short").finish_reason == "length"

@@ -4,8 +4,6 @@ give exactly mlx-lm's single-sequence greedy tokens."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from tests.conftest import Collector, greedy_reference, submit
@@ -43,10 +41,7 @@ class TestSmolLM2BatchedGreedy:
         col = Collector()
         for i, prompt in enumerate(prompts[:5]):
             submit(engine, col, str(i), prompt, max_tokens=MAX_TOKENS, temperature=0.0)
-        deadline = time.monotonic() + 300
-        while len(col.tokens["0"]) < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert len(col.tokens["0"]) >= 2, "the first requests never started decoding"
+        col.wait_tokens("0", 2, timeout=300)
         submit(engine, col, "5", prompts[5], max_tokens=MAX_TOKENS, temperature=0.0)
         for i, want in enumerate(references):
             final = col.wait(str(i), timeout=300)

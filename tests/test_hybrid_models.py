@@ -9,8 +9,6 @@ are really chunked. Every engine is checked for leaked token and state slots on 
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from mlx_backend.loaded_model import LoadedModel
@@ -59,9 +57,7 @@ def run_batch(engine, prompts, max_tokens=MAX_TOKENS, late=True):
     col = Collector()
     for i, prompt in enumerate(prompts):
         if late and i == len(prompts) - 1:
-            deadline = time.monotonic() + 60
-            while len(col.tokens["0"]) < 2 and time.monotonic() < deadline:
-                time.sleep(0.005)
+            col.wait_tokens("0", 2)
         submit(engine, col, str(i), prompt, max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     finals = [col.wait(str(i)) for i in range(len(prompts))]
     for f in finals:
