@@ -17,6 +17,7 @@ would turn every write into a copy of the whole pool.
 from __future__ import annotations
 
 import mlx.core as mx
+import numpy as np
 
 from mlx_backend.layer_layout import LayerLayout
 
@@ -93,6 +94,16 @@ class StatePool:
         for pool, value in zip(self.states[index], values, strict=True):
             if pool is not None and value is not None:
                 pool[slots] = value.astype(pool.dtype)
+
+    def copy(self, pairs: np.ndarray) -> None:
+        """Copy whole states between slots: ``pairs`` is int32 ``[K, 2]`` of (src, dst)."""
+        if len(pairs) == 0:
+            return
+        src, dst = mx.array(pairs[:, 0]), mx.array(pairs[:, 1])
+        for entries in self.states:
+            for pool in entries:
+                if pool is not None:
+                    pool[dst] = pool[src]
 
     def arrays(self) -> list[mx.array]:
         return [a for entries in self.states for a in entries if a is not None]

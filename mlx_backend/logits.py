@@ -63,8 +63,15 @@ class LastTokenLogits:
 
     def __call__(self, inputs: mx.array, caches: list, last_pos: mx.array) -> mx.array:
         """Returns: ``[B, V]`` logits of position ``last_pos[b]`` of each row ``b``."""
-        rows = mx.arange(inputs.shape[0])
+        return self.at(inputs, caches, mx.arange(inputs.shape[0]), last_pos)
+
+    def at(self, inputs: mx.array, caches: list, rows: mx.array, positions: mx.array) -> mx.array:
+        """Logits of chosen ``(row, position)`` pairs only: each row's last position, plus
+        every prompt position of the rows that asked for prompt logprobs.
+
+        Returns: ``[N, V]`` logits of position ``positions[n]`` of row ``rows[n]``.
+        """
         if self.head is None:
-            return self.model(inputs, cache=caches)[rows, last_pos]
+            return self.model(inputs, cache=caches)[rows, positions]
         hidden = self.model.model(inputs, cache=caches)
-        return self.head(hidden[rows, last_pos][:, None, :])[:, 0, :]
+        return self.head(hidden[rows, positions][:, None, :])[:, 0, :]

@@ -36,16 +36,20 @@ def plan_memory(
     max_prefill_tokens: int,
     mem_fraction: float,
     context_length: int,
+    prefix_cache: bool = False,
 ) -> MemoryPlan:
     """Slot counts for every space the model's layers need.
 
     The sliding space holds, per running request, its window plus one prefill chunk; state
-    slots are one per running request. The full space gets ``max_total_tokens``, or what
-    is left of ``mem_fraction`` of free memory after those two.
+    slots are one per running request. A prefix cache doubles the window and the state
+    slots (the window and state it keeps at a request's insert point stay locked while the
+    request runs). The full space gets ``max_total_tokens``, or what is left of
+    ``mem_fraction`` of free memory after those two.
     """
     window = layout.sliding_window
-    sliding = max_running_requests * (window + max_prefill_tokens) if window else 0
-    states = max_running_requests if layout.recurrent else 0
+    copies = 2 if prefix_cache else 1
+    sliding = max_running_requests * (copies * window + max_prefill_tokens) if window else 0
+    states = max_running_requests * copies if layout.recurrent else 0
     full = 0
     per_token = layout.bytes_per_token("full")
     if per_token:

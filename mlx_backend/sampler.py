@@ -5,7 +5,8 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from scheduler.batch import SamplingArrays
+from mlx_backend.penalties import process_logits
+from scheduler.batch import SamplingArrays, SeedArrays
 
 
 def _filtered_logits(
@@ -20,9 +21,11 @@ def _filtered_logits(
     k = mx.where(top_k > 0, top_k, V)[:, None]
     keep = rank < k
     # top_p keeps the smallest prefix whose mass reaches p: a token stays while the mass
-    # before it is still below p (so the most likely token always stays).
+    # before it is still below p (so the most likely token always stays). top_p == 1 keeps
+    # all: a cumsum rounding to 1 before the tail must not cut it, or a row's draw would
+    # depend on whether another row of its batch needs filtering.
     mass_before = mx.cumsum(sorted_probs, axis=-1) - sorted_probs
-    keep = keep & (mass_before < top_p[:, None])
+    keep = keep & ((mass_before < top_p[:, None]) | (top_p[:, None] >= 1))
     keep = keep & (sorted_probs >= min_p[:, None] * sorted_probs[:, :1])
     sorted_logits = mx.where(keep, sorted_logits, -mx.inf)
     # Scatter back to vocabulary order.
@@ -30,9 +33,31 @@ def _filtered_logits(
     return mx.take_along_axis(sorted_logits, inverse, axis=-1)
 
 
+def seed_key(seed: int, position: int) -> np.ndarray:
+    """The MLX PRNG key (uint32 ``[2]``) of a seeded request's draw at ``position``.
+
+    It depends on nothing but ``(seed, position)``: not on the step, the batch, or what
+    the engine RNG did before, which is what makes a seeded request reproducible.
+    ``SeedSequence`` hashes the pair so that nearby seeds and positions give unrelated keys.
+    """
+    return np.random.SeedSequence((seed, position)).generate_state(2, np.uint32)
+
+
+def _gumbel_noise(key: mx.array, seeds: SeedArrays, vocab: int) -> mx.array:
+    """Gumbel noise ``[B, V]``: seeded rows from their own key, the others from ``key``."""
+    B = seeds.seeded.shape[0]
+    own = np.zeros((B, 2), np.uint32)
+    for b in np.flatnonzero(seeds.seeded):
+        own[b] = seed_key(int(seeds.seeds[b]), int(seeds.positions[b]))
+    keys = mx.where(mx.array(seeds.seeded)[:, None], mx.array(own), mx.random.split(key, B))
+    # vmap draws each row from its own key exactly as an unbatched draw would.
+    return mx.vmap(lambda k: mx.random.gumbel(shape=(vocab,), key=k))(keys)
+
+
 class Sampler:
     """Picks one token per row: argmax where temperature is 0, otherwise a draw from the
-    temperature-scaled, filtered distribution."""
+    temperature-scaled, filtered distribution. Logit bias, penalties and the min_tokens
+    mask (see ``penalties.py``) apply to greedy and sampled rows alike."""
 
     def __init__(self, seed: int = 0) -> None:
         self._key = mx.random.key(seed)
@@ -44,7 +69,7 @@ class Sampler:
         Returns:
             int32 ``[B]`` token ids.
         """
-        logits = logits.astype(mx.float32)
+        logits = process_logits(logits.astype(mx.float32), params)
         greedy = mx.argmax(logits, axis=-1).astype(mx.int32)
         temperature = params.temperature
         if not (temperature > 0).any():
@@ -59,5 +84,11 @@ class Sampler:
                 scaled, mx.array(params.top_k), mx.array(params.top_p), mx.array(params.min_p)
             )
         self._key, sub = mx.random.split(self._key)
-        sampled = mx.random.categorical(scaled, axis=-1, key=sub).astype(mx.int32)
-        return mx.where(mx.array(temperature > 0), sampled, greedy)
+        if params.seeds is None:
+            sampled = mx.random.categorical(scaled, axis=-1, key=sub)
+        else:
+            # Gumbel-max: the argmax of logits + Gumbel noise is a categorical draw, and
+            # the noise can come from a different key in each row.
+            noise = _gumbel_noise(sub, params.seeds, scaled.shape[-1])
+            sampled = mx.argmax(scaled + noise, axis=-1)
+        return mx.where(mx.array(temperature > 0), sampled.astype(mx.int32), greedy)

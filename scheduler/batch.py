@@ -2,20 +2,74 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 
+from scheduler.outputs import TokenLogprob
+
+
+@dataclass(frozen=True)
+class TokenValues:
+    """Sparse ``(row, token id, value)`` entries of a ``[B, V]`` logits array.
+
+    Token ids come from requests: the sampler drops those outside the vocabulary before
+    they reach MLX (which does not bounds-check indices).
+    """
+
+    rows: np.ndarray  # int32 [N]
+    token_ids: np.ndarray  # int64 [N], unchecked against the vocabulary
+    values: np.ndarray  # float32 [N]
+
+
+@dataclass(frozen=True)
+class SeedArrays:
+    """Rows with a seed draw from a key derived from ``(seed, output position)`` only."""
+
+    seeded: np.ndarray  # bool [B]
+    seeds: np.ndarray  # uint64 [B] (the seed modulo 2**64; 0 where not seeded)
+    positions: np.ndarray  # int64 [B], tokens the row generated before this one
+
+
+@dataclass(frozen=True)
+class PenaltyArrays:
+    """Repetition / presence / frequency penalties over each row's recent tokens."""
+
+    context_ids: np.ndarray  # int32 [B, C], the last C tokens of prompt + output, -1 padded
+    repetition: np.ndarray  # float32 [B], 1 = off
+    presence: np.ndarray  # float32 [B], 0 = off
+    frequency: np.ndarray  # float32 [B], 0 = off
+
+
+@dataclass(frozen=True)
+class PromptLogprobRequest:
+    """Rows that want the logprob of each prompt token fed in this step."""
+
+    top_k: np.ndarray  # int32 [B], -1 = row does not ask
+    # int32 [B, L]: the prompt token that fed position ``i`` of the row predicts (the next
+    # prompt token, possibly the first of the next chunk); -1 where there is none.
+    targets: np.ndarray
+
 
 @dataclass(frozen=True)
 class SamplingArrays:
-    """Per-row sampling parameters of a batch (``temperature == 0`` is greedy)."""
+    """Per-row sampling parameters of a batch (``temperature == 0`` is greedy).
+
+    The optional groups are ``None`` when no row of the batch uses the feature, so a plain
+    batch pays nothing for them.
+    """
 
     temperature: np.ndarray  # float32 [B]
     top_p: np.ndarray  # float32 [B]
     top_k: np.ndarray  # int32 [B], 0 = off
     min_p: np.ndarray  # float32 [B]
+    seeds: SeedArrays | None = None
+    penalties: PenaltyArrays | None = None
+    logit_bias: TokenValues | None = None  # added to the logits
+    banned: TokenValues | None = None  # masked to -inf (EOS / stop ids before min_tokens)
+    logprobs: np.ndarray | None = None  # int32 [B], top-k of the sampled token, -1 = off
+    prompt_logprobs: PromptLogprobRequest | None = None
 
 
 @dataclass(frozen=True)
@@ -43,6 +97,10 @@ class ForwardBatch:
         sample_rows: bool [B], rows whose last token is the end of the sequence so far,
             so the forward's token for that row is a real next token.
         sampling: per-row sampling parameters.
+        state_copies_in: int32 [K, 2] ``(src, dst)`` state slots copied before the forward:
+            a request resuming from a prefix-cache snapshot gets the snapshot's state.
+        state_snapshots: int32 [K, 2] ``(src, dst)`` state slots copied after the forward:
+            a row's state at the end of its chunk, kept by the prefix cache.
     """
 
     phase: Literal["prefill", "decode"]
@@ -59,6 +117,8 @@ class ForwardBatch:
     fresh_rows: np.ndarray
     sample_rows: np.ndarray
     sampling: SamplingArrays
+    state_copies_in: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.int32))
+    state_snapshots: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.int32))
 
     @property
     def batch_size(self) -> int:
@@ -70,7 +130,36 @@ class ForwardBatch:
 
 
 @dataclass(frozen=True)
+class LogprobArrays:
+    """Raw model logprobs (log-softmax before any sampling transform) of N tokens.
+
+    Entry ``n`` belongs to batch row ``rows[n]``; for prompt logprobs ``positions[n]`` is
+    the prompt position of ``token_ids[n]`` (entries of one row ascend by position).
+    ``top_ids[n, :k]`` / ``top_logprobs[n, :k]`` are the ``k`` most likely tokens, most
+    likely first, where ``k`` is what that row asked for (``K`` is the batch's largest).
+    """
+
+    rows: np.ndarray  # int32 [N]
+    token_ids: np.ndarray  # int32 [N]
+    logprobs: np.ndarray  # float32 [N]
+    top_ids: np.ndarray  # int32 [N, K]
+    top_logprobs: np.ndarray  # float32 [N, K]
+    positions: np.ndarray | None = None  # int32 [N]
+
+    def entry(self, n: int, k: int) -> TokenLogprob:
+        """Entry ``n`` with its ``k`` best alternatives."""
+        top = zip(self.top_ids[n, :k].tolist(), self.top_logprobs[n, :k].tolist(), strict=True)
+        return TokenLogprob(int(self.token_ids[n]), float(self.logprobs[n]), tuple(top))
+
+
+@dataclass(frozen=True)
 class ForwardOutput:
-    """What a forward produced: one sampled token per row (meaningful where sampled)."""
+    """What a forward produced: one sampled token per row (meaningful where sampled).
+
+    ``logprobs`` covers the sampled tokens of the rows that asked; ``prompt_logprobs`` the
+    prompt positions of the rows that asked. Both are ``None`` when no row asked.
+    """
 
     next_token_ids: np.ndarray  # int32 [B]
+    logprobs: LogprobArrays | None = None
+    prompt_logprobs: LogprobArrays | None = None

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import numpy as np
 
-from scheduler.batch import ForwardBatch, SamplingArrays
+from scheduler.batch import ForwardBatch
 from scheduler.request import Request
+from scheduler.sampling_arrays import build_sampling_arrays
 from scheduler.token_spaces import TokenSpace, TokenSpaces
 
 
@@ -30,16 +33,19 @@ def _space_slots(
 
 
 def build_forward_batch(
-    phase: str, rows: list[tuple[Request, int]], spaces: TokenSpaces
+    phase: str,
+    rows: list[tuple[Request, int]],
+    spaces: TokenSpaces,
+    eos_token_ids: Collection[int] = (),
 ) -> ForwardBatch:
-    """Rows are ``(request, n)``: feed ``n`` tokens of the request from ``cached_len``."""
+    """Rows are ``(request, n)``: feed ``n`` tokens of the request from ``cached_len``.
+    ``eos_token_ids`` are masked for rows still below their ``min_tokens``."""
     B, L = len(rows), max(n for _, n in rows)
     input_ids = np.zeros((B, L), np.int32)
     for i, (req, n) in enumerate(rows):
         input_ids[i, :n] = req.token_ids(req.cached_len, req.cached_len + n)
     write, read, _ = _space_slots(spaces.full, rows)
     sliding_write, sliding_read, sliding_start = _space_slots(spaces.sliding, rows)
-    params = [r.params for r, _ in rows]
     return ForwardBatch(
         phase=phase,
         request_ids=[r.request_id for r, _ in rows],
@@ -54,10 +60,5 @@ def build_forward_batch(
         state_slots=np.array([r.state_slot or 0 for r, _ in rows], np.int32),
         fresh_rows=np.array([r.cached_len == 0 for r, _ in rows]),
         sample_rows=np.array([r.cached_len + n == r.seq_len for r, n in rows]),
-        sampling=SamplingArrays(
-            temperature=np.array([p.temperature for p in params], np.float32),
-            top_p=np.array([p.top_p for p in params], np.float32),
-            top_k=np.array([p.top_k for p in params], np.int32),
-            min_p=np.array([p.min_p for p in params], np.float32),
-        ),
+        sampling=build_sampling_arrays(rows, eos_token_ids),
     )

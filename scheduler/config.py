@@ -16,6 +16,8 @@ class EngineConfig:
             it; a longer prompt is prefilled in chunks of at most this many tokens).
         mem_fraction: share of free memory the KV pool may take when sizing automatically.
         seed: seed of the engine's sampling RNG.
+        disable_prefix_cache: recompute every prompt instead of reusing the K/V (and
+            recurrent state) of earlier requests that share a prefix with it.
     """
 
     max_total_tokens: int = 0
@@ -23,6 +25,7 @@ class EngineConfig:
     max_prefill_tokens: int = 2048
     mem_fraction: float = 0.25
     seed: int = 0
+    disable_prefix_cache: bool = False
 
     def __post_init__(self) -> None:
         if self.max_total_tokens < 0:

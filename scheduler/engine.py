@@ -159,6 +159,7 @@ class Engine:
             cfg.max_prefill_tokens,
             cfg.mem_fraction,
             self.loaded.context_length,
+            prefix_cache=not cfg.disable_prefix_cache,
         )
         context = self.loaded.context_length
         self.max_context_len = min(context, plan.full_tokens) if plan.full_tokens else context

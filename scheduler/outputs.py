@@ -9,12 +9,33 @@ FinishReason = Literal["stop", "length", "abort", "error"]
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """The model's raw logprob of one token and its ``top`` alternatives.
+
+    Attributes:
+        token_id: the sampled (or prompt) token.
+        logprob: its log-softmax under the model, before temperature, penalties, bias or
+            any filter (OpenAI's definition).
+        top: ``(token_id, logprob)`` of the most likely tokens at that position, most
+            likely first; as many as the request asked for (may be empty).
+    """
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class RequestOutput:
     """New tokens of one request produced in one engine step.
 
     ``finished`` is True exactly once, on the last event of the request. ``error`` is set
     (with ``finish_reason == "error"``) when serving this request raised; other requests
     are unaffected.
+
+    ``logprobs`` (when the request asked) is aligned with ``new_token_ids``.
+    ``prompt_logprobs`` (when asked) comes on the request's first token event only: one entry
+    per prompt token, ``None`` for the first (nothing predicts it).
     """
 
     request_id: str
@@ -24,3 +45,7 @@ class RequestOutput:
     error: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # Prompt tokens whose K/V came from the prefix cache (usage.prompt_tokens_details).
+    cached_tokens: int = 0
+    logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None

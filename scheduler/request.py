@@ -6,7 +6,9 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from scheduler.outputs import RequestOutput
+import numpy as np
+
+from scheduler.outputs import RequestOutput, TokenLogprob
 from scheduler.sampling_params import SamplingParams
 from scheduler.stats import RequestStats
 
@@ -46,8 +48,21 @@ class Request:
     sliding_start: int = 0
     # The recurrent-state slot of a model with recurrent layers, while running.
     state_slot: int | None = None
+    # Positions 0..cache_len-1 of the row name prefix-cache slots (the cache owns them);
+    # cache_node is the locked tree node ending there (None: nothing locked).
+    cache_len: int = 0
+    cache_node: object | None = None
+    # Prompt tokens the first admission found in the prefix cache (reported in usage).
+    cached_tokens: int | None = None
+    # A state slot the executor fills with this request's state after the current step's
+    # forward (a prefix-cache snapshot at the chunk's end), inserted by process().
+    pending_snapshot: int | None = None
+    # Prompt logprobs (params.prompt_logprobs) by prompt position, gathered chunk by chunk
+    # until the first token's event carries them.
+    prompt_logprob_entries: list[TokenLogprob | None] = field(default_factory=list)
     # Timestamps for metrics (queued, scheduled, first/last token), stamped by the engine.
     stats: RequestStats = field(default_factory=RequestStats)
+    _ids_array: np.ndarray | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
@@ -73,6 +88,13 @@ class Request:
     def remaining_tokens(self) -> int:
         """Tokens this request may still generate."""
         return self.params.max_tokens - self.output_len
+
+    def all_ids(self) -> np.ndarray:
+        """``prompt + output`` as int32 (cached until the sequence grows: the prefix cache
+        compares it against the tree and other requests every step a request waits)."""
+        if self._ids_array is None or len(self._ids_array) != self.seq_len:
+            self._ids_array = np.array(self.prompt_ids + self.output_ids, np.int32)
+        return self._ids_array
 
     def token_ids(self, start: int, end: int) -> list[int]:
         """Tokens of ``prompt + output`` in ``[start, end)``."""

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from dataclasses import replace
+
+import numpy as np
 
 from kvpool import ReqToTokenPool, StateSlotAllocator
 from scheduler.batch import ForwardBatch, ForwardOutput
 from scheduler.batch_builder import build_forward_batch
 from scheduler.config import EngineConfig
+from scheduler.logprob_events import record_prompt_logprobs, with_logprobs
 from scheduler.memory_plan import MemoryPlan
 from scheduler.outputs import FinishReason, RequestOutput
+from scheduler.prefix_cache import PrefixCache
 from scheduler.request import Request, RequestStatus
 from scheduler.token_spaces import TokenSpaces
 
@@ -52,10 +57,15 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
-        # Prompt tokens looked up in / found in the prefix cache (0 until it exists; exported
-        # as mlxserve:prefix_cache_queries_total / _hits_total).
-        self.prefix_cache_queries = 0
-        self.prefix_cache_hits = 0
+        # Prompt tokens fed through a forward (the prefix cache saves the rest).
+        self.prompt_tokens_computed = 0
+        self.cache = PrefixCache(
+            self.spaces,
+            self.state_allocator,
+            self.req_pool,
+            plan,
+            enabled=not config.disable_prefix_cache,
+        )
         self._in_flight: list[Request] = []
         self._last_phase = "decode"
         self._arrivals = 0
@@ -92,6 +102,16 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    @property
+    def prefix_cache_queries(self) -> int:
+        """Prompt tokens looked up in the prefix cache."""
+        return self.cache.queries
+
+    @property
+    def prefix_cache_hits(self) -> int:
+        """Prompt tokens found in the prefix cache."""
+        return self.cache.hits
+
     # ----------------------------------------------------------------- scheduling
     def schedule(self) -> ForwardBatch | None:
         """Pick the next step's rows and allocate their slots; ``None`` if nothing can run."""
@@ -108,10 +128,12 @@ class Scheduler:
 
     def _schedule_prefill(self) -> ForwardBatch | None:
         rows: list[tuple[Request, int]] = []
+        short = int(self.cache.stop_short)
         for req in sorted(self.running, key=lambda r: r.arrival):
             if req.pending_len <= 1:
                 continue
-            n = self._chunk_len(rows, min(req.pending_len, self.spaces.available()))
+            wanted = min(req.pending_len - short, self.cache.available())
+            n = self._chunk_len(rows, wanted)
             if n is None:
                 break
             if n == 0:
@@ -121,17 +143,27 @@ class Scheduler:
         for req in list(self.waiting):
             if self.req_pool.available_size() == 0:
                 break
-            n = self._chunk_len(rows, req.pending_len)
-            if n is None:
-                break
-            if n == 0:
+            found = self.cache.match(req)
+            matched = found.length if found is not None else 0
+            prefilling = [r for r in self.running if r.pending_len > 1]
+            if self.cache.should_defer(req, matched, prefilling):
                 continue
-            if not self._can_admit(n):
+            # Stopping short may leave nothing to feed now: the request is admitted and its
+            # last token runs in the next decode step.
+            n = req.seq_len - matched - short
+            if n:
+                n = self._chunk_len(rows, n)
+                if n is None:
+                    break
+                if n == 0:
+                    continue
+            self.cache.lock(found)
+            if not self._can_admit(n) or not self._admit(req, found):
+                self.cache.unlock(found)
                 break
-            self.waiting.remove(req)
-            self._admit(req)
-            self._alloc_slots(req, n)
-            rows.append((req, n))
+            if n:
+                self._alloc_slots(req, n)
+                rows.append((req, n))
         return self._build_batch("prefill", rows) if rows else None
 
     def _chunk_len(self, rows: list[tuple[Request, int]], wanted: int) -> int | None:
@@ -155,15 +187,23 @@ class Scheduler:
             return wanted
         return min(wanted, width)
 
-    def _admit(self, req: Request) -> None:
-        req.row = self.req_pool.alloc()
+    def _admit(self, req: Request, found) -> bool:
+        """Give a waiting request its row (and state slot) and start it from the cached
+        prefix ``found``; False (nothing taken) when no state slot can be had."""
         if self.state_allocator is not None:
-            req.state_slot = int(self.state_allocator.alloc(1)[0])
+            state_slot = self.cache.alloc_state()
+            if state_slot is None:
+                return False
+            req.state_slot = state_slot
+        self.waiting.remove(req)
+        req.row = self.req_pool.alloc()
         req.status = RequestStatus.RUNNING
         self.running.append(req)
+        self.cache.adopt(req, found)
+        return True
 
     def _can_admit(self, n: int) -> bool:
-        free = self.spaces.available()
+        free = self.cache.available()
         if not self.running:
             return n <= free
         reserved = sum(
@@ -173,7 +213,7 @@ class Scheduler:
 
     def _schedule_decode(self) -> ForwardBatch | None:
         decoding = [r for r in self.running if r.pending_len == 1]
-        while self.spaces.available() < len(decoding):
+        while self.cache.available() < len(decoding):
             victim = max(self.running, key=lambda r: r.arrival)
             self._preempt(victim)
             if victim in decoding:
@@ -186,7 +226,18 @@ class Scheduler:
 
     def _build_batch(self, phase: str, rows: list[tuple[Request, int]]) -> ForwardBatch:
         self._in_flight = [r for r, _ in rows]
-        return build_forward_batch(phase, rows, self.spaces)
+        batch = build_forward_batch(phase, rows, self.spaces, self.eos_token_ids)
+        snapshots = []
+        if phase == "prefill":
+            for req, n in rows:
+                pair = self.cache.plan_snapshot(req, req.cached_len + n)
+                if pair is not None:
+                    snapshots.append(pair)
+        return replace(
+            batch,
+            state_copies_in=self.cache.take_copies_in(),
+            state_snapshots=np.array(snapshots, np.int32).reshape(-1, 2),
+        )
 
     # ----------------------------------------------------------------- results
     def process(self, batch: ForwardBatch, out: ForwardOutput) -> list[RequestOutput]:
@@ -194,9 +245,14 @@ class Scheduler:
         free their slots now. Returns one event per request that got a token."""
         events = []
         for i, req in enumerate(self._in_flight):
+            before = min(req.cached_len, req.prompt_len)
             req.cached_len += int(batch.extend_lens[i])
+            self.prompt_tokens_computed += min(req.cached_len, req.prompt_len) - before
             assert req.cached_len == req.allocated_len, (req.cached_len, req.allocated_len)
             self.spaces.trim_window(req)
+            if batch.phase == "prefill":
+                self.cache.chunk_done(req)
+            record_prompt_logprobs(req, out.prompt_logprobs, i)
             if not batch.sample_rows[i]:
                 continue
             token = int(out.next_token_ids[i])
@@ -204,7 +260,7 @@ class Scheduler:
             reason = self._finish_reason(req, token)
             if reason is not None:
                 self._release(req)
-            events.append(self.make_event(req, [token], reason))
+            events.append(with_logprobs(self.make_event(req, [token], reason), req, out, i))
         self._in_flight = []
         return events
 
@@ -221,7 +277,8 @@ class Scheduler:
         """Release every request of the batch that just failed; returns them."""
         failed, self._in_flight = self._in_flight, []
         for req in failed:
-            self._release(req)
+            # Their K/V and state may be half written: nothing of them goes to the cache.
+            self._release(req, keep=False)
         return failed
 
     @staticmethod
@@ -239,16 +296,18 @@ class Scheduler:
             error=error,
             prompt_tokens=req.prompt_len,
             completion_tokens=req.output_len,
+            cached_tokens=req.cached_tokens or 0,
         )
 
     # ----------------------------------------------------------------- slots
     def _alloc_slots(self, req: Request, n: int) -> None:
+        self.cache.make_room(n)
         self.spaces.alloc(req, n)
 
-    def _free_slots(self, req: Request) -> None:
+    def _free_slots(self, req: Request, keep: bool = True) -> None:
         if req.row is None:
             return
-        self.spaces.release(req)
+        self.cache.release(req, keep)
         self.req_pool.free(req.row)
         if req.state_slot is not None:
             self.state_allocator.free([req.state_slot])
@@ -256,9 +315,10 @@ class Scheduler:
         req.row = None
         req.allocated_len = 0
 
-    def _release(self, req: Request) -> None:
-        """A running request leaves for good (finished, aborted or failed)."""
-        self._free_slots(req)
+    def _release(self, req: Request, keep: bool = True) -> None:
+        """A running request leaves for good (finished, aborted or failed); with ``keep``
+        its sequence goes to the prefix cache."""
+        self._free_slots(req, keep)
         if req in self.running:
             self.running.remove(req)
         req.status = RequestStatus.FINISHED
@@ -274,10 +334,15 @@ class Scheduler:
         self.num_preemptions += 1
 
     def check_integrity(self) -> None:
-        """Assert every token slot and request row is free or owned exactly once."""
-        self.spaces.check_integrity(self.running)
+        """Assert every token slot, state slot and request row is free or owned exactly
+        once (by a running request or by the prefix cache)."""
+        self.spaces.check_integrity(self.running, self.cache.owned_slots())
         if self.state_allocator is not None:
-            self.state_allocator.check_integrity([[r.state_slot] for r in self.running])
+            owned = [[r.state_slot] for r in self.running if r.state_slot is not None]
+            owned += [[r.pending_snapshot] for r in self.running if r.pending_snapshot]
+            owned.append(self.cache.owned_states())
+            self.state_allocator.check_integrity(owned)
+        self.cache.check_integrity(idle=not self.running)
         self.req_pool.check_integrity([r.row for r in self.running])
         for req in self.waiting:
             assert req.row is None and req.allocated_len == 0, (

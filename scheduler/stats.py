@@ -30,11 +30,15 @@ class EngineStats:
     Attributes:
         num_running: requests holding a row of the request table.
         num_waiting: requests submitted and not running (queued, or still in the inbox).
-        kv_used_tokens: token slots owned by requests (or, later, the prefix cache).
+        kv_used_tokens: token slots owned by requests or locked by them in the prefix cache
+            (slots the cache could evict count as free, as in vLLM).
         kv_total_tokens: token slots in the pool.
         num_preemptions: running requests preempted since start (cumulative).
         prefix_cache_queries: prompt tokens looked up in the prefix cache (cumulative).
         prefix_cache_hits: of those, tokens found cached (cumulative).
+        prefix_cache_tokens: token slots the prefix cache holds now.
+        prompt_tokens_computed: prompt tokens that went through a forward (cumulative; the
+            rest came from the prefix cache).
         mlx_active_bytes: memory MLX holds in live arrays.
         mlx_peak_bytes: the largest ``mlx_active_bytes`` since start.
         mlx_cache_bytes: memory MLX keeps in its buffer cache for reuse.
@@ -47,6 +51,8 @@ class EngineStats:
     num_preemptions: int = 0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    prefix_cache_tokens: int = 0
+    prompt_tokens_computed: int = 0
     mlx_active_bytes: int = 0
     mlx_peak_bytes: int = 0
     mlx_cache_bytes: int = 0
@@ -155,9 +161,11 @@ def engine_stats(
     running = len(sched.running)
     # The tightest slot space decides when requests must wait, so it is the one reported.
     used, total = 0, 0
+    tree = sched.cache.tree
     for space in sched.spaces.spaces:
         size = space.allocator.size
-        space_used = size - space.allocator.available_size()
+        evictable = tree.evictable[space.name] if tree is not None else 0
+        space_used = size - space.allocator.available_size() - evictable
         if total == 0 or space_used * total > used * size:
             used, total = space_used, size
     return EngineStats(
@@ -168,6 +176,8 @@ def engine_stats(
         num_preemptions=sched.num_preemptions,
         prefix_cache_queries=sched.prefix_cache_queries,
         prefix_cache_hits=sched.prefix_cache_hits,
+        prefix_cache_tokens=sched.cache.held_tokens(),
+        prompt_tokens_computed=sched.prompt_tokens_computed,
         mlx_active_bytes=memory[0],
         mlx_peak_bytes=memory[1],
         mlx_cache_bytes=memory[2],

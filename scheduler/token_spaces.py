@@ -79,28 +79,57 @@ class TokenSpaces:
         req.allocated_len += n
 
     def trim_window(self, req: Request) -> None:
-        """Free sliding slots that no future query can see (behind ``cached_len - w + 1``)."""
+        """Free sliding slots that no future query can see (behind ``cached_len - w + 1``).
+
+        Positions below ``req.cache_len`` belong to the prefix cache: they leave the row
+        but are not freed.
+        """
         space = self.sliding
         if space is None:
             return
         keep_from = max(req.cached_len - space.window + 1, 0)
         if keep_from > req.sliding_start:
             row = space.table[req.row]
-            space.allocator.free(row[req.sliding_start : keep_from].copy())
+            own_from = max(req.sliding_start, req.cache_len)
+            if keep_from > own_from:
+                space.allocator.free(row[own_from:keep_from].copy())
             row[req.sliding_start : keep_from] = 0
             req.sliding_start = keep_from
 
-    def release(self, req: Request) -> None:
-        """Free every slot the request holds, in every space."""
+    def owned(self, space: TokenSpace, req: Request) -> np.ndarray:
+        """The slots of ``space`` the request itself owns (not the prefix cache's)."""
+        start = max(space.start(req), req.cache_len)
+        return space.table[req.row, start : req.allocated_len]
+
+    def adopt_prefix(self, req: Request, length: int, slots: dict[str, np.ndarray]) -> None:
+        """Point a newly admitted request's row at ``length`` cached positions."""
         for space in self.spaces:
             row = space.table[req.row]
+            start = 0 if space.window is None else max(length - space.window + 1, 0)
+            row[start:length] = slots[space.name][start:length]
+        if self.sliding is not None:
+            req.sliding_start = max(length - self.sliding.window + 1, 0)
+        req.cached_len = req.allocated_len = req.cache_len = length
+
+    def adopt_tree_slots(self, req: Request, slots: dict[str, np.ndarray]) -> None:
+        """After an insert, the row's positions ``0..cache_len-1`` name the tree's slots."""
+        n = req.cache_len
+        for space in self.spaces:
             start = space.start(req)
-            space.allocator.free(row[start : req.allocated_len].copy())
-            row[:] = 0
+            if start < n:
+                space.table[req.row, start:n] = slots[space.name][start:n]
+
+    def release(self, req: Request) -> None:
+        """Free every slot the request owns, in every space (the cache keeps its own)."""
+        for space in self.spaces:
+            space.allocator.free(self.owned(space, req).copy())
+            space.table[req.row] = 0
         req.sliding_start = 0
 
-    def check_integrity(self, running: list[Request]) -> None:
-        """Assert every slot of every space is free or held by exactly one running request."""
+    def check_integrity(self, running: list[Request], cache_owned: dict | None = None) -> None:
+        """Assert every slot is free, owned by exactly one running request, or owned by the
+        prefix cache (``cache_owned[space_name]``, a list of slot arrays)."""
         for space in self.spaces:
-            owned = [space.table[r.row, space.start(r) : r.allocated_len] for r in running]
+            owned = [self.owned(space, r) for r in running]
+            owned += (cache_owned or {}).get(space.name, [])
             space.allocator.check_integrity(owned)

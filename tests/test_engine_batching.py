@@ -83,7 +83,7 @@ class TestAbort:
         assert col.wait("short").finish_reason == "length"
         assert engine.wait_idle(10)
         engine.check_integrity()
-        assert engine.scheduler.spaces.available() == 256, "abort must free every slot"
+        assert engine.scheduler.cache.available() == 256, "abort must free every slot"
 
     def test_abort_of_unknown_or_finished_request_is_harmless(self, tiny_llama, make_engine):
         engine = make_engine(tiny_llama, max_total_tokens=128)

@@ -105,13 +105,16 @@ class TestSlidingWindowMemory:
         sliding = engine.scheduler.spaces.sliding
         assert sliding is not None, f"{arch} should have a sliding-window slot space"
         total = sliding.allocator.size
-        held = []
+        tree = engine.scheduler.cache.tree
+        held, cached = [], []
         col = Collector()
         on_output = col.callback("long")
 
         def record(event):
             # Runs on the engine thread between steps: the allocator is quiescent.
-            held.append(total - sliding.allocator.available_size())
+            in_cache = tree.evictable["sliding"] + tree.protected["sliding"]
+            held.append(total - sliding.allocator.available_size() - in_cache)
+            cached.append(in_cache)
             on_output(event)
 
         prompt = prompts_for((16 * WINDOW,))[0]
@@ -124,6 +127,10 @@ class TestSlidingWindowMemory:
             f"{arch}: a {len(prompt) + 3 * WINDOW}-token request held up to {max(held)} "
             f"sliding slots; the window is {WINDOW}"
         )
+        # The prefix cache keeps the window behind its insert points (the prompt's end and
+        # the finished sequence's end), nothing more.
+        assert max(cached[:-1]) <= WINDOW - 1, f"{arch}: the cache kept {max(cached)} slots"
+        assert cached[-1] <= 2 * (WINDOW - 1), "after the finish insert"
 
 
 class TestRecurrentStateSlots:
@@ -133,7 +140,10 @@ class TestRecurrentStateSlots:
         engine = make_engine(loaded, max_total_tokens=512, max_running_requests=4)
         states = engine.scheduler.state_allocator
         assert states is not None, f"{arch} should have recurrent-state slots"
-        assert states.size == 4, "one state slot per request row"
+        # One state slot per request row, and as many again for prefix-cache snapshots.
+        assert states.size == 8
         run_batch(engine, prompts_for((5, 9, 2)), max_tokens=4, late=False)
         assert engine.wait_idle(30)
-        assert states.available_size() == 4, "every state slot must be free after the run"
+        snapshots = engine.scheduler.cache.owned_states()
+        assert 0 < len(snapshots) <= 8
+        assert states.available_size() + len(snapshots) == 8, "a state slot leaked"
