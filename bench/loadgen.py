@@ -48,6 +48,9 @@ class RequestResult:
         output_tokens: ``usage.completion_tokens``, or the content chunk count without usage.
         usage_reported: the server sent a usage chunk.
         error: None on success, else a one-line description.
+        text: the content received, concatenated.
+        prompt_tokens: ``usage.prompt_tokens``, if reported.
+        cached_tokens: ``usage.prompt_tokens_details.cached_tokens``, if reported.
     """
 
     start: float
@@ -56,6 +59,9 @@ class RequestResult:
     output_tokens: int = 0
     usage_reported: bool = False
     error: str | None = None
+    text: str = ""
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
 
     @property
     def ttft(self) -> float | None:
@@ -89,13 +95,21 @@ def _pct(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
 
-async def _one_request(
-    client: httpx.AsyncClient, url: str, model: str, prompt: str, max_tokens: int
+async def one_request(
+    client: httpx.AsyncClient,
+    url: str,
+    model: str,
+    prompt: str | list[dict[str, str]],
+    max_tokens: int,
 ) -> RequestResult:
-    """Send one streaming chat completion and time its chunks."""
+    """Send one streaming chat completion and time its chunks.
+
+    ``prompt``: the user message, or the whole ``messages`` list.
+    """
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
     body = {
         "model": model,
-        "messages": [{"role": "user", "content": prompt}],
+        "messages": messages,
         "max_tokens": max_tokens,
         "temperature": 0.0,
         "stream": True,
@@ -120,13 +134,17 @@ async def _one_request(
                     result.error = f"stream error: {str(chunk['error'])[:200]}"
                     return result
                 for choice in chunk.get("choices") or []:
-                    if (choice.get("delta") or {}).get("content"):
+                    if content := (choice.get("delta") or {}).get("content"):
                         result.chunk_times.append(now)
+                        result.text += content
                         break
                 usage = chunk.get("usage")
                 if usage and usage.get("completion_tokens") is not None:
                     result.output_tokens = int(usage["completion_tokens"])
                     result.usage_reported = True
+                    result.prompt_tokens = usage.get("prompt_tokens")
+                    details = usage.get("prompt_tokens_details") or {}
+                    result.cached_tokens = details.get("cached_tokens")
     except (httpx.HTTPError, json.JSONDecodeError) as e:
         result.error = f"{type(e).__name__}: {e}"[:200]
     finally:
@@ -222,7 +240,7 @@ async def run_level(
                 i = next_index
                 next_index += 1
                 results[i] = RequestResult(start=time.perf_counter(), error="cancelled at cap")
-                results[i] = await _one_request(client, url, model, prompts[i], max_tokens)
+                results[i] = await one_request(client, url, model, prompts[i], max_tokens)
 
         tasks = [asyncio.create_task(worker()) for _ in range(concurrency)]
         _, pending = await asyncio.wait(tasks, timeout=time_cap_s * 1.25)
@@ -260,7 +278,7 @@ async def warmup(base_url: str, model: str, max_tokens: int = 8) -> RequestResul
     """One short unmeasured request (first-call costs: kernels, allocations)."""
     url = base_url.rstrip("/") + "/chat/completions"
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client:
-        return await _one_request(client, url, model, "Say hello.", max_tokens)
+        return await one_request(client, url, model, "Say hello.", max_tokens)
 
 
 def requests_for(concurrency: int, per_level: float, minimum: int) -> int:
