@@ -11,7 +11,7 @@ import numpy as np
 from mlx_backend.cache_view import BatchCaches, BatchContext
 from mlx_backend.kv_pool import KVPool, StatePool
 from mlx_backend.layer_layout import LayerLayout, probe_layout
-from mlx_backend.logits import LastTokenLogits
+from mlx_backend.logits import LastTokenLogits, vocab_size
 from mlx_backend.logprobs import prompt_logprobs, prompt_positions, sampled_logprobs
 from mlx_backend.sampler import Sampler
 from scheduler.batch import ForwardBatch, ForwardOutput
@@ -43,6 +43,7 @@ class Executor:
         self.states = StatePool(self.layout, plan.state_slots)
         self.sampler = Sampler(seed)
         self.logits = LastTokenLogits(model)
+        self.vocab_size = vocab_size(model)
 
     def forward(self, batch: ForwardBatch) -> ForwardOutput:
         """Feed the batch's new tokens, write their K/V and states, sample one token per row.

@@ -28,6 +28,11 @@ def _candidate_heads(model: nn.Module) -> list[Callable[[mx.array], mx.array]]:
     return heads
 
 
+def vocab_size(model: nn.Module) -> int:
+    """The width of the model's logits (may exceed the tokenizer's vocabulary)."""
+    return int(model(mx.array([[0]], dtype=mx.int32)).shape[-1])
+
+
 def find_verified_head(model: nn.Module) -> Callable[[mx.array], mx.array] | None:
     """The head ``h -> logits`` with ``head(model.model(x)) == model(x)``, or ``None``."""
     inner = model.get("model") if isinstance(model, nn.Module) else None

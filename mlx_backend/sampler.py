@@ -54,6 +54,18 @@ def _gumbel_noise(key: mx.array, seeds: SeedArrays, vocab: int) -> mx.array:
     return mx.vmap(lambda k: mx.random.gumbel(shape=(vocab,), key=k))(keys)
 
 
+def apply_token_bitmask(logits: mx.array, bitmask: np.ndarray) -> mx.array:
+    """Set to -inf the logits of tokens whose bit is clear (grammar constraints).
+
+    Args:
+        logits: float ``[B, V]``.
+        bitmask: int32 ``[B, ceil(V / 32)]``, bit ``v % 32`` of word ``v // 32`` for token v.
+    """
+    V = logits.shape[-1]
+    allowed = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")[:, :V]
+    return mx.where(mx.array(allowed.astype(bool)), logits, -mx.inf)
+
+
 class Sampler:
     """Picks one token per row: argmax where temperature is 0, otherwise a draw from the
     temperature-scaled, filtered distribution. Logit bias, penalties and the min_tokens
@@ -70,6 +82,8 @@ class Sampler:
             int32 ``[B]`` token ids.
         """
         logits = process_logits(logits.astype(mx.float32), params)
+        if params.token_bitmask is not None:
+            logits = apply_token_bitmask(logits, params.token_bitmask)
         greedy = mx.argmax(logits, axis=-1).astype(mx.int32)
         temperature = params.temperature
         if not (temperature > 0).any():

@@ -70,6 +70,9 @@ class SamplingArrays:
     banned: TokenValues | None = None  # masked to -inf (EOS / stop ids before min_tokens)
     logprobs: np.ndarray | None = None  # int32 [B], top-k of the sampled token, -1 = off
     prompt_logprobs: PromptLogprobRequest | None = None
+    # int32 [B, ceil(V / 32)]: bit v of row b set iff token v is allowed (grammar
+    # constraints; all ones for unconstrained rows).
+    token_bitmask: np.ndarray | None = None
 
 
 @dataclass(frozen=True)

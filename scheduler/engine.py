@@ -20,6 +20,7 @@ from mlx_backend.loaded_model import LoadedModel
 from mlx_backend.memory import plan_memory
 from scheduler.batch import ForwardBatch
 from scheduler.config import EngineConfig
+from scheduler.constraints import ConstraintCompiler, GrammarSpec
 from scheduler.outputs import FinishReason, RequestOutput
 from scheduler.request import Request
 from scheduler.sampling_params import SamplingParams
@@ -54,6 +55,8 @@ class Engine:
         self._unfinished = 0
         self._unfinished_lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._constraints: ConstraintCompiler | None = None
+        self._constraints_lock = threading.Lock()
         # Request timings go to the observer (the server's metrics) on the engine thread.
         self.observer: StatsObserver | None = None
         # Replaced (never mutated) by the engine thread after each step: any thread reads it.
@@ -106,13 +109,30 @@ class Engine:
         prompt_ids: list[int],
         params: SamplingParams,
         on_output: Callable[[RequestOutput], None],
+        grammar: GrammarSpec | None = None,
     ) -> None:
         """Queue a request. ``on_output`` is called from the engine thread with each step's
-        new tokens; exactly one call has ``finished=True``."""
-        req = Request(request_id, list(prompt_ids), params, on_output)
+        new tokens; exactly one call has ``finished=True``.
+
+        Raises:
+            ValueError: ``grammar`` is invalid (the message says why).
+        """
+        constraint = self.constraint_compiler().compile(grammar) if grammar else None
+        req = Request(request_id, list(prompt_ids), params, on_output, constraint=constraint)
         with self._unfinished_lock:
             self._unfinished += 1
         self._inbox.put(("add", req))
+
+    def constraint_compiler(self) -> ConstraintCompiler:
+        """The grammar compiler for this model's tokenizer, built on first use (~1 s; any
+        thread, after ``start``)."""
+        with self._constraints_lock:
+            if self._constraints is None:
+                eos = sorted(getattr(self.loaded.tokenizer, "eos_token_ids", None) or [])
+                self._constraints = ConstraintCompiler(
+                    self.loaded.tokenizer, self.executor.vocab_size, eos
+                )
+            return self._constraints
 
     def abort(self, request_id: str, reason: FinishReason = "abort") -> None:
         """Stop a request and free its slots in the next step (idempotent).
@@ -266,6 +286,8 @@ class Engine:
             except ValueError as e:
                 self._deliver(req, sched.make_event(req, [], "error", error=str(e)))
                 return
+            if req.constraint is not None and sched.constraints is None:
+                sched.constraints = self.constraint_compiler()
             self._requests[req.request_id] = req
         elif kind == "abort":
             request_id, reason = payload

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from scheduler.constraints import Constraint
 from scheduler.outputs import RequestOutput, TokenLogprob
 from scheduler.sampling_params import SamplingParams
 from scheduler.stats import RequestStats
@@ -62,6 +63,8 @@ class Request:
     prompt_logprob_entries: list[TokenLogprob | None] = field(default_factory=list)
     # Timestamps for metrics (queued, scheduled, first/last token), stamped by the engine.
     stats: RequestStats = field(default_factory=RequestStats)
+    # The grammar the output must follow (structured output), if any.
+    constraint: Constraint | None = None
     _ids_array: np.ndarray | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -12,6 +13,7 @@ from kvpool import ReqToTokenPool, StateSlotAllocator
 from scheduler.batch import ForwardBatch, ForwardOutput
 from scheduler.batch_builder import build_forward_batch
 from scheduler.config import EngineConfig
+from scheduler.constraints import ConstraintCompiler
 from scheduler.logprob_events import record_prompt_logprobs, with_logprobs
 from scheduler.memory_plan import MemoryPlan
 from scheduler.outputs import FinishReason, RequestOutput
@@ -66,6 +68,10 @@ class Scheduler:
             plan,
             enabled=not config.disable_prefix_cache,
         )
+        # Set by the engine once a request with a grammar constraint arrives.
+        self.constraints: ConstraintCompiler | None = None
+        # Fault injection for tests: called with each sampled token before it is taken.
+        self.token_hook: Callable[[Request, int], None] | None = None
         self._in_flight: list[Request] = []
         self._last_phase = "decode"
         self._arrivals = 0
@@ -233,8 +239,16 @@ class Scheduler:
                 pair = self.cache.plan_snapshot(req, req.cached_len + n)
                 if pair is not None:
                     snapshots.append(pair)
+        sampling = batch.sampling
+        if self.constraints is not None:
+            constraints = [
+                r.constraint if sample else None
+                for (r, _), sample in zip(rows, batch.sample_rows, strict=True)
+            ]
+            sampling = replace(sampling, token_bitmask=self.constraints.masks(constraints))
         return replace(
             batch,
+            sampling=sampling,
             state_copies_in=self.cache.take_copies_in(),
             state_snapshots=np.array(snapshots, np.int32).reshape(-1, 2),
         )
@@ -256,15 +270,37 @@ class Scheduler:
             if not batch.sample_rows[i]:
                 continue
             token = int(out.next_token_ids[i])
-            req.output_ids.append(token)
-            reason = self._finish_reason(req, token)
+            try:
+                reason = self._accept(req, token)
+            except Exception as e:  # noqa: BLE001 - fails this request only
+                logger.exception("request %s failed on token %d", req.request_id, token)
+                self._release(req)
+                events.append(self.make_event(req, [], "error", error=str(e)))
+                continue
             if reason is not None:
                 self._release(req)
             events.append(with_logprobs(self.make_event(req, [token], reason), req, out, i))
         self._in_flight = []
         return events
 
+    def _accept(self, req: Request, token: int) -> FinishReason | None:
+        """Append a sampled token; returns why the request finishes, if it does.
+
+        Raises:
+            Exception: this request cannot go on (its grammar refused the token, or the
+                test hook raised); the caller fails it alone.
+        """
+        if self.token_hook is not None:
+            self.token_hook(req, token)
+        req.output_ids.append(token)
+        return self._finish_reason(req, token)
+
     def _finish_reason(self, req: Request, token: int) -> FinishReason | None:
+        if req.constraint is not None:
+            if not req.constraint.accept(token):
+                raise ValueError(f"token {token} is not allowed by the request's grammar")
+            if req.constraint.finished:
+                return "stop"
         if token in req.params.stop_token_ids:
             return "stop"
         if not req.params.ignore_eos and token in self.eos_token_ids:

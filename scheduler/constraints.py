@@ -1,0 +1,114 @@
+"""Grammar constraints for structured output: llguidance matchers, one per request.
+
+A request with a constraint samples only tokens its grammar allows. Each step, the
+scheduler asks every constrained row's matcher for its token mask (a bitmask, computed on
+the CPU, all rows at once on llguidance's thread pool); the sampler sets the logits of the
+other tokens to -inf; after the step the matcher consumes the token that was sampled.
+Unconstrained rows of the same batch are untouched (their mask row is all ones and the
+sampler skips masking entirely when no row is constrained).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import llguidance
+import llguidance.hf
+import numpy as np
+from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask_par
+
+# JSON as OpenAI writes it (``{"a": 1, "b": [2, 3]}``). NOTE: llguidance's default allows
+# any run of whitespace between tokens, and a small model at temperature > 0 can then emit
+# newlines until max_tokens; a schema's own "x-guidance" options still override this.
+JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+GrammarKind = Literal["json_schema", "json_object", "regex", "lark", "choice"]
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """What the output must match: a JSON schema (as JSON text), any JSON object, a regex,
+    a Lark grammar (llguidance's dialect), or one of a list of strings (JSON list)."""
+
+    kind: GrammarKind
+    value: str = ""
+
+
+class Constraint:
+    """One request's matcher: the tokens allowed next, and the tokens sampled so far."""
+
+    def __init__(self, matcher: llguidance.LLMatcher) -> None:
+        self.matcher = matcher
+
+    def accept(self, token: int) -> bool:
+        """Advance by the sampled token; False if the grammar did not allow it."""
+        return bool(self.matcher.consume_token(token))
+
+    @property
+    def finished(self) -> bool:
+        """The grammar can take no further token (only end-of-sequence is left)."""
+        return bool(self.matcher.is_stopped())
+
+
+class ConstraintCompiler:
+    """Builds constraints for one tokenizer (building the token trie takes ~1 s, once).
+
+    Args:
+        tokenizer: the model's tokenizer (mlx-lm's wrapper or a Hugging Face fast one).
+        vocab_size: the width of the model's logits (may exceed the tokenizer's vocab).
+        eos_token_ids: ids that end a sequence; the first is the grammar's end token.
+    """
+
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: list[int]) -> None:
+        hf = getattr(tokenizer, "_tokenizer", tokenizer)
+        eos = list(eos_token_ids) or None
+        self.vocab_size = vocab_size
+        self.tokenizer = llguidance.hf.from_tokenizer(hf, n_vocab=vocab_size, eos_token=eos)
+        self.executor = llguidance.LLExecutor()
+
+    def grammar(self, spec: GrammarSpec) -> str:
+        """llguidance's grammar text for ``spec``.
+
+        Raises:
+            ValueError: the spec cannot be turned into a grammar (says why).
+        """
+        Matcher = llguidance.LLMatcher
+        try:
+            if spec.kind == "json_schema":
+                return Matcher.grammar_from_json_schema(spec.value, defaults=JSON_STYLE)
+            if spec.kind == "json_object":
+                return Matcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_STYLE)
+            if spec.kind == "regex":
+                return Matcher.grammar_from_regex(spec.value)
+            if spec.kind == "lark":
+                return Matcher.grammar_from_lark(spec.value)
+            if spec.kind == "choice":
+                choices = json.loads(spec.value)
+                alternatives = " | ".join(json.dumps(str(c)) for c in choices)
+                return Matcher.grammar_from_lark(f"start: {alternatives}")
+        except (ValueError, TypeError, json.JSONDecodeError) as e:
+            raise ValueError(f"invalid {spec.kind} grammar: {e}") from e
+        raise ValueError(f"unknown grammar kind {spec.kind!r}")
+
+    def compile(self, spec: GrammarSpec) -> Constraint:
+        """A fresh matcher for ``spec``.
+
+        Raises:
+            ValueError: the grammar is invalid (the message is llguidance's reason).
+        """
+        matcher = llguidance.LLMatcher(self.tokenizer, self.grammar(spec))
+        if matcher.is_error():
+            raise ValueError(f"invalid {spec.kind} grammar: {matcher.get_error()}")
+        return Constraint(matcher)
+
+    def masks(self, constraints: list[Constraint | None]) -> np.ndarray | None:
+        """The int32 bitmask ``[B, ceil(V / 32)]`` of the allowed tokens of each row (all
+        ones for rows without a constraint), or None when no row has one."""
+        rows = [(c.matcher, i) for i, c in enumerate(constraints) if c is not None]
+        if not rows:
+            return None
+        bitmask = allocate_token_bitmask(len(constraints), self.vocab_size)
+        fill_next_token_bitmask_par(self.executor, rows, bitmask)
+        return bitmask
