@@ -67,7 +67,7 @@ def serve(config: ServerConfig, engine_config: EngineConfig) -> None:
         log_level=config.log_level,
         timeout_graceful_shutdown=FLUSH_TIMEOUT_S,
     )
-    server = GracefulServer(uv_config, state.shutdown, state.live_generations)
+    server = GracefulServer(uv_config, state.shutdown, state.live_generations, state.engine_failure)
 
     def on_ready(loaded: LoadedModel, engine: Engine) -> None:
         state.attach(loaded, engine)
@@ -100,6 +100,8 @@ def serve(config: ServerConfig, engine_config: EngineConfig) -> None:
             loader.join()
         if loader.engine is not None:
             loader.engine.shutdown()
+    if server.engine_died is not None:
+        raise RuntimeError(f"the engine thread died: {server.engine_died}")
     error = loader.error
     if error is not None and not state.shutdown.draining:
         if isinstance(error, (ModelLoadError, RuntimeError)):

@@ -88,10 +88,14 @@ class GracefulServer(uvicorn.Server):
         config: uvicorn.Config,
         shutdown: ShutdownState,
         live: Callable[[], Iterable[Generation]],
+        engine_failure: Callable[[], str | None] | None = None,
     ) -> None:
         super().__init__(config)
         self.shutdown_state = shutdown
         self._live = live
+        self._engine_failure = engine_failure
+        # Why the engine died while serving (the process then exits non-zero).
+        self.engine_died: str | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # NOTE: not recorded in _captured_signals, so uvicorn does not re-raise it at the
@@ -110,4 +114,12 @@ class GracefulServer(uvicorn.Server):
     async def on_tick(self, counter: int) -> bool:
         if self.shutdown_state.draining and not self.should_exit:
             self.should_exit = self.shutdown_state.poll(self._live())
+        if not self.should_exit and self._engine_failure is not None:
+            # A dead engine can serve nothing: exit (non-zero) rather than answer 503
+            # forever, so a supervisor restarts the process.
+            reason = self._engine_failure()
+            if reason is not None:
+                logger.error("engine thread died (%s); exiting", reason)
+                self.engine_died = reason
+                self.should_exit = True
         return await super().on_tick(counter)

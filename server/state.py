@@ -56,6 +56,13 @@ class ServerState:
     def live_generations(self) -> list[Generation]:
         return self.ctx.live_generations() if self.ctx is not None else []
 
+    def engine_failure(self) -> str | None:
+        """Why the engine thread is dead, once it was serving (None while it is fine,
+        still loading, or stopped by a shutdown)."""
+        if self.ctx is None or self.shutdown.draining or self.ctx.engine.is_alive:
+            return None
+        return str(getattr(self.ctx.engine, "error", None) or "engine thread stopped")
+
     def health(self) -> tuple[int, dict[str, Any]]:
         """``/health``'s status code and body."""
         if self.shutdown.draining:
