@@ -19,15 +19,21 @@ from starlette.middleware.cors import CORSMiddleware
 from mlx_backend.loaded_model import LoadedModel
 from scheduler.engine import Engine
 from server.auth import APIKeyAuth
+from server.chat_messages import continuation_mode, render_chat
+from server.choice_output import ChatShaper, CompletionShaper
 from server.config import ServerConfig
 from server.context import ServingContext
 from server.errors import APIError, install_error_handlers
 from server.limits import BodySizeLimit
 from server.loading import LoadProgress, backend_name
-from server.prompts import chat_prompt_ids, completion_prompt_ids
-from server.responses import complete_chat, complete_text, stream_chat, stream_completion
-from server.schemas import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from server.prompts import completion_prompt_ids
+from server.reasoning import prompt_opens_reasoning
+from server.response_models import ModelCard, ModelList
+from server.responses import complete_chat, complete_text
+from server.schemas import ChatCompletionRequest, CompletionRequest
 from server.state import ServerState, ServiceGate
+from server.streaming import stream_chat, stream_completion
+from server.tokenize_routes import add_tokenize_routes
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +60,8 @@ def create_app(
     503 with ``progress``); ``app.state.server.attach(loaded, engine)`` makes it ready.
 
     Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
-    ``GET /v1/models/{model}``, ``GET /health``, ``GET /metrics``, ``GET /version``.
+    ``GET /v1/models/{model}``, ``POST /tokenize``, ``POST /detokenize``, ``GET /health``,
+    ``GET /metrics``, ``GET /version``.
     """
     app = FastAPI(title="mlxserve", version=VERSION)
     install_error_handlers(app)
@@ -122,22 +129,47 @@ def create_app(
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
         c = ctx()
         c.check_model(body.model)
-        prompt_ids = chat_prompt_ids(c.tokenizer, body.messages)
-        gen = c.submit("chatcmpl", prompt_ids, body, param="messages")
+        add_generation_prompt, continue_final = continuation_mode(
+            body.messages, body.add_generation_prompt, body.continue_final_message
+        )
+        prompt_text, prompt_ids = render_chat(
+            c.tokenizer,
+            body.messages,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final,
+            template_kwargs=body.chat_template_kwargs,
+        )
+        in_reasoning = c.reasoning and prompt_opens_reasoning(prompt_text)
+        texts = c.token_texts if body.logprobs else None
+
+        def shaper() -> ChatShaper:
+            return ChatShaper(texts, body.top_logprobs or 0, c.reasoning, in_reasoning)
+
+        choices = c.submit("chatcmpl", prompt_ids, body, param="messages")
         if body.stream:
-            return stream_chat(gen, c.model_name, body.include_usage)
-        return await complete_chat(gen, c.model_name, request)
+            return stream_chat(choices, c.model_name, body.include_usage, shaper)
+        return await complete_chat(choices, c.model_name, request, shaper)
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> Any:
         c = ctx()
         c.check_model(body.model)
         prompt_ids = completion_prompt_ids(c.tokenizer, body.prompt, c.vocab_size)
-        gen = c.submit("cmpl", prompt_ids, body, param="prompt")
-        if body.stream:
-            return stream_completion(gen, c.model_name, body.include_usage)
-        return await complete_text(gen, c.model_name, request)
+        echo_text = None
+        if body.echo:
+            prompt = body.prompt
+            echo_text = prompt if isinstance(prompt, str) else c.tokenizer.decode(prompt_ids)
+        texts = c.token_texts if body.logprobs is not None else None
 
+        def shaper() -> CompletionShaper:
+            return CompletionShaper(c.tokenizer, texts, body.logprobs or 0, echo_text)
+
+        choices = c.submit("cmpl", prompt_ids, body, param="prompt")
+        if body.stream:
+            return stream_completion(choices, c.model_name, body.include_usage, shaper)
+        return await complete_text(choices, c.model_name, request, shaper)
+
+    add_tokenize_routes(app, ctx)
     return app
 
 

@@ -6,16 +6,24 @@ import uuid
 
 from mlx_backend.loaded_model import LoadedModel
 from scheduler.engine import Engine
+from server.choices import Choices
 from server.config import ServerConfig
 from server.errors import APIError
 from server.generation import Generation
 from server.limits import check_prompt_tokens, check_queue
+from server.logprobs_format import TokenTexts
 from server.prompts import resolve_max_tokens
+from server.reasoning import is_reasoning_model
+from server.sampling import engine_params
 from server.schemas import GenerationRequest
 
 
 class ServingContext:
     """The engine, the tokenizer, the served model's name, and the server's limits.
+
+    Attributes:
+        reasoning: the model's output may open with ``<think>`` reasoning.
+        token_texts: token id -> text for logprobs (cached across requests).
 
     Args:
         loaded: the loaded model (tokenizer, id, context length).
@@ -32,6 +40,8 @@ class ServingContext:
         vocab = loaded.config.get("vocab_size") or len(self.tokenizer)
         # Ids past the tokenizer's vocabulary could not be decoded, past the model's not run.
         self.vocab_size = min(int(vocab), len(self.tokenizer))
+        self.reasoning = is_reasoning_model(self.tokenizer)
+        self.token_texts = TokenTexts(self.tokenizer)
         # Requests in flight (pruned as they finish): what a graceful shutdown waits for.
         self._live: set[Generation] = set()
 
@@ -57,8 +67,8 @@ class ServingContext:
 
     def submit(
         self, kind: str, prompt_ids: list[int], body: GenerationRequest, param: str
-    ) -> Generation:
-        """Check the limits, then start the request in the engine.
+    ) -> Choices:
+        """Check the limits, then start the request's ``n`` choices in the engine.
 
         Args:
             kind: id prefix, "chatcmpl" or "cmpl".
@@ -67,29 +77,39 @@ class ServingContext:
             param: the request field holding the prompt, for error messages.
 
         Raises:
-            APIError: 400 when the prompt is over ``max_prompt_tokens`` or the request does
-                not fit the context, 503 when the engine is not running, 429 when the queue
-                is full.
+            APIError: 400 when the prompt is over ``max_prompt_tokens``, the request does
+                not fit the context or its parameters do not fit the model, 503 when the
+                engine is not running, 429 when the queue is full.
         """
         config = self.config
         check_prompt_tokens(len(prompt_ids), config.max_prompt_tokens, param)
+        requested = body.requested_max_tokens()
+        # max_tokens 0 (echo only): run one token for the prompt's logprobs, then drop it.
+        keep_output = requested != 0
         max_tokens = resolve_max_tokens(
-            len(prompt_ids), body.requested_max_tokens(), self.context_length, param
+            len(prompt_ids), requested if keep_output else 1, self.context_length, param
         )
+        params = [engine_params(body, max_tokens, self.vocab_size, i) for i in range(body.n)]
         if not self.engine.is_alive:
             raise APIError(503, "The engine is not running.", type="server_error")
         check_queue(self.engine.stats().num_waiting, config.max_queue)
-        gen = Generation(
-            self.engine,
-            self.tokenizer,
-            f"{kind}-{uuid.uuid4().hex}",
-            prompt_ids,
-            body.sampling_params(max_tokens),
-            body.stop_strings,
-            timeout=config.request_timeout or None,
-            max_buffered_tokens=config.stream_buffer_tokens,
-        )
+        response_id = f"{kind}-{uuid.uuid4().hex}"
+        generations = [
+            Generation(
+                self.engine,
+                self.tokenizer,
+                response_id if body.n == 1 else f"{response_id}-{i}",
+                prompt_ids,
+                choice_params,
+                body.stop_strings,
+                timeout=config.request_timeout or None,
+                max_buffered_tokens=config.stream_buffer_tokens,
+                keep_output=keep_output,
+            )
+            for i, choice_params in enumerate(params)
+        ]
         self.live_generations()  # prune, so the set stays as small as what runs
-        self._live.add(gen)
-        gen.start()
-        return gen
+        self._live.update(generations)
+        choices = Choices(response_id, generations)
+        choices.start()
+        return choices

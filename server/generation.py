@@ -7,7 +7,13 @@
                                           -> Chunk(text, finish_reason)
 
 The engine never sees text: stop strings are matched here, and a match aborts the request
-in the engine (which frees its slots) while the client gets ``finish_reason="stop"``.
+in the engine (which frees its slots) while the client gets ``finish_reason="stop"``. Stop
+strings apply from the ``min_tokens``-th token on, as in vLLM.
+
+With logprobs asked, each chunk also carries the ``TokenEntry`` of every token consumed for
+it (the text may lag a token behind: held-back stop-string prefixes, partial characters).
+The prompt's logprobs (first event) and the count of prompt tokens served from the prefix
+cache are kept on the ``Generation``.
 
 The engine must never wait for a client, so events are always accepted; what bounds them is
 this side: a request whose client leaves more than ``max_buffered_tokens`` unread is failed,
@@ -28,6 +34,7 @@ from scheduler.engine import Engine
 from scheduler.outputs import RequestOutput
 from scheduler.sampling_params import SamplingParams
 from server.detokenizer import IncrementalDetokenizer
+from server.logprobs_format import TokenEntry
 from server.stop_strings import StopMatcher
 
 logger = logging.getLogger(__name__)
@@ -60,10 +67,12 @@ class GenerationError(Exception):
 
 @dataclass(frozen=True)
 class Chunk:
-    """New completion text; ``finish_reason`` ("stop" or "length") is set on the last one."""
+    """New completion text; ``finish_reason`` ("stop" or "length") is set on the last one.
+    ``tokens``: the tokens consumed for it, with their logprobs (only when asked)."""
 
     text: str
     finish_reason: str | None = None
+    tokens: tuple[TokenEntry, ...] = ()
 
 
 class Generation:
@@ -81,6 +90,12 @@ class Generation:
         timeout: seconds from ``start`` after which the request is failed (None: never).
         max_buffered_tokens: tokens the consumer may leave unread before the request is
             failed (None: unbounded).
+        keep_output: False to run the request for its prompt only (``echo`` with
+            ``max_tokens`` 0): the generated token is dropped, the finish reason is "length".
+
+    Attributes:
+        prompt_logprobs: the engine's prompt logprobs (when asked), once the first token came.
+        cached_tokens: prompt tokens whose K/V the engine took from its prefix cache.
     """
 
     def __init__(
@@ -93,6 +108,8 @@ class Generation:
         stop: list[str],
         timeout: float | None = None,
         max_buffered_tokens: int | None = None,
+        *,
+        keep_output: bool = True,
     ) -> None:
         self.engine = engine
         self.request_id = request_id
@@ -113,6 +130,12 @@ class Generation:
         # End-of-generation tokens finish the request; they are not part of its text.
         self._hidden_ids = set(tokenizer.eos_token_ids) | set(params.stop_token_ids)
         self._stop = StopMatcher(stop)
+        self._min_tokens = params.min_tokens
+        self._want_logprobs = params.logprobs is not None
+        self._keep_output = keep_output
+        self._text_len = 0  # characters detokenized so far (before stop matching)
+        self.prompt_logprobs: list[Any] | None = None
+        self.cached_tokens = 0
         self._started_at = 0.0
 
     def start(self) -> None:
@@ -154,9 +177,9 @@ class Generation:
                 self._finish("error")
                 raise out
             self._buffered -= len(out.new_token_ids)
-            text = self._consume(out)
-            if text or self.finished:
-                yield Chunk(text, self.finish_reason if self.finished else None)
+            text, tokens = self._consume(out)
+            if text or tokens or self.finished:
+                yield Chunk(text, self.finish_reason if self.finished else None, tuple(tokens))
 
     async def text(self) -> str:
         """The whole completion text (waits for the end)."""
@@ -201,27 +224,45 @@ class Generation:
             self._timer.cancel()
             self._timer = None
 
-    def _consume(self, out: RequestOutput) -> str:
-        pieces = []
-        for token in out.new_token_ids:
+    def _consume(self, out: RequestOutput) -> tuple[str, list[TokenEntry]]:
+        if self.prompt_logprobs is None and out.prompt_logprobs is not None:
+            self.prompt_logprobs = list(out.prompt_logprobs)
+        self.cached_tokens = max(self.cached_tokens, out.cached_tokens)
+        if out.finished and out.finish_reason not in ("stop", "length"):
+            self._finish(out.finish_reason or "error")
+            message = out.error or f"request ended with '{out.finish_reason}'"
+            raise GenerationError(f"Generation failed: {message}")
+        if not self._keep_output:
+            if not out.finished:
+                self.engine.abort(self.request_id)
+            self._finish("length")
+            return "", []
+        logprobs = out.logprobs if self._want_logprobs else None
+        pieces: list[str] = []
+        entries: list[TokenEntry] = []
+        for i, token in enumerate(out.new_token_ids):
             self.completion_tokens += 1
             if token in self._hidden_ids:
                 continue
-            pieces.append(self._stop.feed(self._detokenizer.add(token)))
+            if logprobs is not None and i < len(logprobs):
+                lp = logprobs[i]
+                entries.append(TokenEntry(token, float(lp.logprob), tuple(lp.top), self._text_len))
+            text = self._detokenizer.add(token)
+            self._text_len += len(text)
+            if self.completion_tokens <= self._min_tokens:
+                pieces.append(text)  # stop strings do not apply before min_tokens
+                continue
+            pieces.append(self._stop.feed(text))
             if self._stop.stopped:
                 # The engine may already be a token or two further; those are dropped.
                 self.engine.abort(self.request_id, reason="stop")
                 self._finish("stop")
-                return "".join(pieces)
+                return "".join(pieces), entries
         if out.finished:
-            if out.finish_reason not in ("stop", "length"):
-                self._finish(out.finish_reason or "error")
-                message = out.error or f"request ended with '{out.finish_reason}'"
-                raise GenerationError(f"Generation failed: {message}")
             pieces.append(self._stop.feed(self._detokenizer.flush()))
             pieces.append(self._stop.flush())
             self._finish("stop" if self._stop.stopped else out.finish_reason)
-        return "".join(pieces)
+        return "".join(pieces), entries
 
     def _finish(self, reason: str) -> None:
         self.finished = True

@@ -1,36 +1,13 @@
-"""Request -> prompt token ids, and the completion budget that fits the context."""
+"""Completion prompt -> token ids, and the completion budget that fits the context.
+
+Chat prompts are rendered in ``server/chat_messages.py``.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-import jinja2
-
 from server.errors import APIError, invalid_request
-from server.schemas import ChatMessage
-
-
-def chat_prompt_ids(tokenizer: Any, messages: list[ChatMessage]) -> list[int]:
-    """Render ``messages`` with the model's chat template (generation prompt added).
-
-    Raises:
-        APIError: 400 if the model has no chat template or the template rejects the
-            conversation (e.g. roles that do not alternate).
-    """
-    if not getattr(tokenizer, "has_chat_template", True):
-        raise invalid_request(
-            "This model has no chat template; use /v1/completions instead.", param="messages"
-        )
-    try:
-        ids = tokenizer.apply_chat_template(
-            [m.template_dict() for m in messages], add_generation_prompt=True, tokenize=True
-        )
-    except jinja2.TemplateError as e:
-        raise invalid_request(f"The chat template rejected the messages: {e}", "messages") from e
-    # transformers may answer a BatchEncoding instead of a list, depending on its version.
-    if not isinstance(ids, list):
-        ids = ids["input_ids"]
-    return [int(t) for t in ids]
 
 
 def completion_prompt_ids(tokenizer: Any, prompt: str | list[int], vocab_size: int) -> list[int]:

@@ -1,122 +1,36 @@
-"""Turn a running ``Generation`` into an OpenAI response: SSE chunks or one JSON body.
+"""Non-streamed answers: wait for every choice, then one ``chat.completion`` or
+``text_completion`` JSON body (streams: ``server/streaming.py``).
 
-A client that goes away (closes a stream, or drops the connection while waiting for a
-non-streamed answer) aborts its request in the engine, so its slots are freed at once.
+A client that drops the connection while waiting aborts all its choices in the engine, so
+their slots are freed at once.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
-from pydantic import BaseModel
+from fastapi.responses import Response
 
-from server.errors import APIError, error_body
-from server.generation import Generation, GenerationError
-from server.schemas import (
+from server.choice_output import ChatShaper, CompletionShaper, merge_completion_logprobs
+from server.choices import ChoiceChunks, Choices
+from server.errors import APIError
+from server.generation import GenerationError
+from server.logprobs_format import ChatLogprobs
+from server.response_models import (
     AssistantMessage,
     ChatChoice,
-    ChatChunkChoice,
     ChatCompletion,
-    ChatCompletionChunk,
-    ChatDelta,
     Completion,
     CompletionChoice,
-    Usage,
-    now,
 )
 
 logger = logging.getLogger(__name__)
 
 # 499: nginx's "client closed request"; nobody reads it, but the access log says why.
 CLIENT_CLOSED = 499
-_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
-ChunkFactory = Callable[[str, "str | None"], BaseModel]
-
-
-def _sse(data: BaseModel | dict | str) -> str:
-    if isinstance(data, BaseModel):
-        data = data.model_dump_json()
-    elif isinstance(data, dict):
-        data = json.dumps(data)
-    return f"data: {data}\n\n"
-
-
-def usage_of(gen: Generation) -> Usage:
-    return Usage.of(gen.prompt_tokens, gen.completion_tokens)
-
-
-async def _events(
-    gen: Generation,
-    opening: list[BaseModel],
-    make_chunk: ChunkFactory,
-    make_usage: Callable[[Usage], BaseModel] | None,
-) -> AsyncIterator[str]:
-    """SSE lines: opening chunks, one per text chunk, the finish chunk, usage, [DONE]."""
-    try:
-        for chunk in opening:
-            yield _sse(chunk)
-        async for piece in gen.chunks():
-            if piece.text:
-                yield _sse(make_chunk(piece.text, None))
-            if piece.finish_reason is not None:
-                yield _sse(make_chunk("", piece.finish_reason))
-        if make_usage is not None:
-            yield _sse(make_usage(usage_of(gen)))
-        yield _sse("[DONE]")
-    except GenerationError as e:
-        # The status line (200) is already sent: report in-band, as OpenAI does.
-        yield _sse(error_body(e.message, e.type, code=e.code))
-        yield _sse("[DONE]")
-    finally:
-        # Reached also when the client disconnects (the stream is cancelled).
-        gen.abort()
-
-
-def stream_chat(gen: Generation, model: str, include_usage: bool) -> StreamingResponse:
-    """Stream a chat completion as ``chat.completion.chunk`` SSE events."""
-    created = now()
-
-    def chunk(text: str, reason: str | None) -> ChatCompletionChunk:
-        delta = ChatDelta(content=text) if text else ChatDelta()
-        choice = ChatChunkChoice(delta=delta, finish_reason=reason)
-        return ChatCompletionChunk(
-            id=gen.request_id, created=created, model=model, choices=[choice]
-        )
-
-    def usage_chunk(usage: Usage) -> ChatCompletionChunk:
-        return ChatCompletionChunk(
-            id=gen.request_id, created=created, model=model, choices=[], usage=usage
-        )
-
-    first = ChatCompletionChunk(
-        id=gen.request_id,
-        created=created,
-        model=model,
-        choices=[ChatChunkChoice(delta=ChatDelta(role="assistant", content=""))],
-    )
-    body = _events(gen, [first], chunk, usage_chunk if include_usage else None)
-    return StreamingResponse(body, media_type="text/event-stream", headers=_SSE_HEADERS)
-
-
-def stream_completion(gen: Generation, model: str, include_usage: bool) -> StreamingResponse:
-    """Stream a text completion as ``text_completion`` SSE events."""
-    created = now()
-
-    def chunk(text: str, reason: str | None) -> Completion:
-        choice = CompletionChoice(text=text, finish_reason=reason)
-        return Completion(id=gen.request_id, created=created, model=model, choices=[choice])
-
-    def usage_chunk(usage: Usage) -> Completion:
-        return Completion(id=gen.request_id, created=created, model=model, choices=[], usage=usage)
-
-    body = _events(gen, [], chunk, usage_chunk if include_usage else None)
-    return StreamingResponse(body, media_type="text/event-stream", headers=_SSE_HEADERS)
 
 
 async def _wait_for_disconnect(request: Request) -> None:
@@ -125,43 +39,77 @@ async def _wait_for_disconnect(request: Request) -> None:
         pass
 
 
-async def _text_unless_disconnected(gen: Generation, request: Request) -> str | None:
-    """The whole completion text, or None if the client left first (request aborted)."""
-    text_task = asyncio.ensure_future(gen.text())
+async def _collect_unless_disconnected(
+    choices: Choices, request: Request
+) -> list[ChoiceChunks] | None:
+    """Every choice's chunks, or None if the client left first (all choices aborted)."""
+    collect_task = asyncio.ensure_future(choices.collect())
     watch_task = asyncio.ensure_future(_wait_for_disconnect(request))
     try:
-        await asyncio.wait({text_task, watch_task}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({collect_task, watch_task}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        # Also reached if this handler is cancelled: never leave the request running.
+        # Also reached if this handler is cancelled: never leave a choice running.
         watch_task.cancel()
-        client_gone = not text_task.done()
+        client_gone = not collect_task.done()
         if client_gone:
-            text_task.cancel()
-            gen.abort()
+            collect_task.cancel()
+            choices.abort()
     if client_gone:
-        logger.info("client of %s disconnected before the answer", gen.request_id)
+        logger.info("client of %s disconnected before the answer", choices.id)
         return None
     try:
-        return text_task.result()
+        return collect_task.result()
     except GenerationError as e:
         raise APIError(e.status_code, e.message, type=e.type, code=e.code) from e
 
 
-async def complete_chat(gen: Generation, model: str, request: Request) -> Response | ChatCompletion:
+async def complete_chat(
+    choices: Choices, model: str, request: Request, make_shaper: Callable[[], ChatShaper]
+) -> Response | ChatCompletion:
     """Wait for the whole chat completion (``stream=false``)."""
-    text = await _text_unless_disconnected(gen, request)
-    if text is None:
+    results = await _collect_unless_disconnected(choices, request)
+    if results is None:
         return Response(status_code=CLIENT_CLOSED)
-    assert gen.finish_reason in ("stop", "length"), gen.finish_reason
-    choice = ChatChoice(message=AssistantMessage(content=text), finish_reason=gen.finish_reason)
-    return ChatCompletion(id=gen.request_id, model=model, choices=[choice], usage=usage_of(gen))
+    out = []
+    for index, result in enumerate(results):
+        assert result.finish_reason in ("stop", "length"), result.finish_reason
+        shaper = make_shaper()
+        pieces = [shaper.piece(chunk) for chunk in result.chunks]
+        content = "".join(p.content for p in pieces)
+        reasoning = "".join(p.reasoning for p in pieces) if shaper.saw_reasoning else None
+        logprobs = None
+        if any(p.logprobs is not None for p in pieces):
+            logprobs = ChatLogprobs(content=[lp for p in pieces for lp in p.logprobs or []])
+        message = AssistantMessage(content=content, reasoning_content=reasoning)
+        out.append(
+            ChatChoice(
+                index=index,
+                message=message,
+                logprobs=logprobs,
+                finish_reason=result.finish_reason,
+            )
+        )
+    return ChatCompletion(id=choices.id, model=model, choices=out, usage=choices.usage())
 
 
-async def complete_text(gen: Generation, model: str, request: Request) -> Response | Completion:
+async def complete_text(
+    choices: Choices, model: str, request: Request, make_shaper: Callable[[], CompletionShaper]
+) -> Response | Completion:
     """Wait for the whole text completion (``stream=false``)."""
-    text = await _text_unless_disconnected(gen, request)
-    if text is None:
+    results = await _collect_unless_disconnected(choices, request)
+    if results is None:
         return Response(status_code=CLIENT_CLOSED)
-    assert gen.finish_reason in ("stop", "length"), gen.finish_reason
-    choice = CompletionChoice(text=text, finish_reason=gen.finish_reason)
-    return Completion(id=gen.request_id, model=model, choices=[choice], usage=usage_of(gen))
+    out = []
+    for index, (gen, result) in enumerate(zip(choices.generations, results, strict=True)):
+        assert result.finish_reason in ("stop", "length"), result.finish_reason
+        shaper = make_shaper()
+        pieces = [shaper.piece(gen, chunk) for chunk in result.chunks]
+        out.append(
+            CompletionChoice(
+                index=index,
+                text="".join(text for text, _ in pieces),
+                logprobs=merge_completion_logprobs([lp for _, lp in pieces]),
+                finish_reason=result.finish_reason,
+            )
+        )
+    return Completion(id=choices.id, model=model, choices=out, usage=choices.usage())

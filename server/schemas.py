@@ -1,41 +1,29 @@
-"""Pydantic models of the OpenAI request and response bodies we serve.
+"""Pydantic models of the OpenAI request bodies we serve (responses: ``response_models.py``).
 
 Requests forbid unknown fields, and fields OpenAI defines that we do not implement yet are
 declared only to be rejected (unless they carry their no-op value), so no parameter is ever
-silently ignored.
+silently ignored. Checks that need the model (vocabulary, context) are made when the
+request is submitted (``server/sampling.py``, ``server/prompts.py``).
 """
 
 from __future__ import annotations
 
-import time
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationInfo,
-    field_validator,
-    model_serializer,
-)
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from scheduler.sampling_params import SamplingParams
+from server.chat_messages import ChatMessage
 
-MAX_STOP_STRINGS = 16
-FinishReason = Literal["stop", "length"]
+# OpenAI's limits.
+MAX_STOP_STRINGS = 4
+MAX_N = 128
+MAX_TOP_LOGPROBS = 20
+MAX_LOGIT_BIAS = 100.0
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 # OpenAI parameters we do not implement, and the values that mean "off" (accepted).
 _NOOP_VALUES: dict[str, tuple[Any, ...]] = {
-    "n": (1,),
-    "best_of": (1,),
-    "echo": (False,),
     "suffix": ("",),
-    "logprobs": (False, 0),
-    "top_logprobs": (0,),
-    "presence_penalty": (0,),
-    "frequency_penalty": (0,),
-    "logit_bias": ({},),
-    "seed": (),
     "tools": ([],),
     "tool_choice": ("none",),
     "functions": ([],),
@@ -62,6 +50,13 @@ def _reject_unsupported(value: Any, info: ValidationInfo) -> Any:
     raise ValueError(f"The '{name}' parameter is not supported by this server.")
 
 
+def _no_bool(value: Any) -> Any:
+    """Integer parameters refuse booleans (which pydantic would read as 0 / 1)."""
+    if isinstance(value, bool):
+        raise ValueError("must be an integer, not a boolean.")
+    return value
+
+
 def _check_stop(value: Any) -> list[str]:
     if value is None:
         return []
@@ -73,6 +68,27 @@ def _check_stop(value: Any) -> list[str]:
     if any(not s for s in stops):
         raise ValueError("'stop' strings must be non-empty.")
     return stops
+
+
+def _check_logit_bias(value: Any) -> dict[int, float] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError("'logit_bias' must be an object mapping token ids to biases.")
+    bias = {}
+    for key, bias_value in value.items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            raise ValueError(f"'logit_bias' key {key!r} is not a token id.") from None
+        if isinstance(bias_value, bool) or not isinstance(bias_value, int | float):
+            raise ValueError(f"'logit_bias' value for token {key} must be a number.")
+        if not -MAX_LOGIT_BIAS <= bias_value <= MAX_LOGIT_BIAS:
+            raise ValueError(
+                f"'logit_bias' values must be in [-100, 100], got {bias_value} for token {key}."
+            )
+        bias[token] = float(bias_value)
+    return bias
 
 
 class _Model(BaseModel):
@@ -90,39 +106,40 @@ class GenerationRequest(_Model):
     stream: bool = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(default=None, ge=1)
+    n: int = Field(default=1, ge=1, le=MAX_N)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
     stop: Any = None
-    # Extensions (vLLM / SGLang spelling).
-    top_k: int | None = Field(default=None, ge=0)
+    seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    logit_bias: Any = None
+    # Extensions (vLLM / SGLang spelling). top_k -1 is vLLM's "off", like 0.
+    top_k: int | None = Field(default=None, ge=-1)
     min_p: float | None = Field(default=None, ge=0, le=1)
+    repetition_penalty: float | None = Field(default=None, gt=0)
+    min_tokens: int = Field(default=0, ge=0)
     ignore_eos: bool = False
     # Harmless metadata, accepted and unused.
     user: str | None = None
     metadata: dict[str, str] | None = None
     # Defined by OpenAI, not implemented: rejected unless off (see _NOOP_VALUES).
-    n: Any = None
-    logprobs: Any = None
-    presence_penalty: Any = None
-    frequency_penalty: Any = None
-    logit_bias: Any = None
-    seed: Any = None
     service_tier: Any = None
 
-    _unsupported_common = field_validator(
-        "n",
-        "logprobs",
-        "presence_penalty",
-        "frequency_penalty",
-        "logit_bias",
-        "seed",
-        "service_tier",
-    )(_reject_unsupported)
+    _unsupported_common = field_validator("service_tier")(_reject_unsupported)
+    _ints = field_validator("n", "seed", "top_k", "min_tokens", "max_tokens", mode="before")(
+        _no_bool
+    )
 
     @field_validator("stop")
     @classmethod
     def _stop(cls, value: Any) -> list[str]:
         return _check_stop(value)
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, value: Any) -> dict[int, float] | None:
+        return _check_logit_bias(value)
 
     @field_validator("stream_options")
     @classmethod
@@ -147,56 +164,16 @@ class GenerationRequest(_Model):
         """The completion budget the client asked for (None: as much as the context allows)."""
         return self.max_tokens
 
-    def sampling_params(self, max_tokens: int) -> SamplingParams:
-        """Engine sampling parameters for this request with the resolved token budget."""
-        return SamplingParams(
-            max_tokens=max_tokens,
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            top_k=self.top_k or 0,
-            min_p=self.min_p or 0.0,
-            ignore_eos=self.ignore_eos,
-        )
+    def logprobs_count(self) -> int | None:
+        """Alternatives per generated token (None: no logprobs)."""
+        return None
+
+    def prompt_logprobs_count(self) -> int | None:
+        """Alternatives per prompt token (None: no prompt logprobs)."""
+        return None
 
 
 # ---------------------------------------------------------------------------- chat requests
-
-
-class ChatMessage(_Model):
-    """One chat message; ``content`` is normalized to a string (text parts joined)."""
-
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Any = Field(default=None, validate_default=True)
-    name: str | None = None
-
-    @field_validator("content")
-    @classmethod
-    def _content_text(cls, value: Any, info: ValidationInfo) -> str:
-        if value is None:
-            if info.data.get("role") == "assistant":
-                return ""
-            raise ValueError("'content' is required.")
-        if isinstance(value, str):
-            return value
-        if not isinstance(value, list):
-            raise ValueError("'content' must be a string or a list of content parts.")
-        texts = []
-        for part in value:
-            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-                raise ValueError("each content part must be an object with a 'type'.")
-            if part["type"] != "text":
-                raise ValueError(
-                    f"content parts of type '{part['type']}' are not supported; only 'text'."
-                )
-            if not isinstance(part.get("text"), str) or set(part) - {"type", "text"}:
-                raise ValueError("a text content part is {'type': 'text', 'text': string}.")
-            texts.append(part["text"])
-        return "\n".join(texts)
-
-    def template_dict(self) -> dict[str, str]:
-        """The message as chat templates expect it ("developer" is the newer "system")."""
-        role = "system" if self.role == "developer" else self.role
-        return {"role": role, "content": self.content}
 
 
 class ChatCompletionRequest(GenerationRequest):
@@ -204,12 +181,17 @@ class ChatCompletionRequest(GenerationRequest):
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    # vLLM's extensions.
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
     # Harmless chat-only metadata.
     parallel_tool_calls: bool | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
-    # Chat-only OpenAI parameters, not implemented.
-    top_logprobs: Any = None
+    # Chat-only OpenAI parameters, not implemented (tools and structured output: later).
     tools: Any = None
     tool_choice: Any = None
     functions: Any = None
@@ -224,7 +206,6 @@ class ChatCompletionRequest(GenerationRequest):
     store: Any = None
 
     _unsupported_chat = field_validator(
-        "top_logprobs",
         "tools",
         "tool_choice",
         "functions",
@@ -238,6 +219,14 @@ class ChatCompletionRequest(GenerationRequest):
         "web_search_options",
         "store",
     )(_reject_unsupported)
+    _chat_ints = field_validator("top_logprobs", "max_completion_tokens", mode="before")(_no_bool)
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs_need_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value and not info.data.get("logprobs"):
+            raise ValueError("'top_logprobs' requires 'logprobs' to be true.")
+        return value
 
     def requested_max_tokens(self) -> int | None:
         # max_completion_tokens is the newer name; it wins when both are sent.
@@ -245,19 +234,29 @@ class ChatCompletionRequest(GenerationRequest):
             return self.max_completion_tokens
         return self.max_tokens
 
+    def logprobs_count(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
 
 # ---------------------------------------------------------------------- completion requests
 
 
 class CompletionRequest(GenerationRequest):
-    """Body of ``POST /v1/completions``; ``prompt`` is normalized to a string or token ids."""
+    """Body of ``POST /v1/completions``; ``prompt`` is normalized to a string or token ids.
+
+    ``max_tokens: 0`` is allowed with ``echo`` (the prompt and its logprobs only, as
+    OpenAI's legacy API and vLLM allow).
+    """
 
     prompt: Any
-    best_of: Any = None
-    echo: Any = None
+    max_tokens: int | None = Field(default=None, ge=0)
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    echo: bool = Field(default=False, validate_default=True)
+    best_of: int | None = Field(default=None, ge=1)
     suffix: Any = None
 
-    _unsupported_completion = field_validator("best_of", "echo", "suffix")(_reject_unsupported)
+    _unsupported_completion = field_validator("suffix")(_reject_unsupported)
+    _completion_ints = field_validator("logprobs", "best_of", mode="before")(_no_bool)
 
     @field_validator("prompt")
     @classmethod
@@ -273,106 +272,28 @@ class CompletionRequest(GenerationRequest):
             raise ValueError("'prompt' with several prompts is not supported; send one.")
         raise ValueError("'prompt' must be a string or a non-empty list of token ids.")
 
+    @field_validator("echo")
+    @classmethod
+    def _zero_max_tokens_needs_echo(cls, value: bool, info: ValidationInfo) -> bool:
+        if not value and info.data.get("max_tokens") == 0:
+            raise ValueError("'max_tokens' may be 0 only when 'echo' is true.")
+        return value
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of_is_n(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and value not in (1, info.data.get("n")):
+            raise ValueError(
+                "The 'best_of' parameter is not supported by this server (only best_of == n)."
+            )
+        return value
+
+    def logprobs_count(self) -> int | None:
+        return self.logprobs
+
+    def prompt_logprobs_count(self) -> int | None:
+        return self.logprobs if self.echo else None
+
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-# -------------------------------------------------------------------------------- responses
-
-
-def now() -> int:
-    return int(time.time())
-
-
-class Usage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-
-    @classmethod
-    def of(cls, prompt_tokens: int, completion_tokens: int) -> Usage:
-        return cls(
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            total_tokens=prompt_tokens + completion_tokens,
-        )
-
-
-class AssistantMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str
-
-
-class ChatChoice(BaseModel):
-    index: int = 0
-    message: AssistantMessage
-    logprobs: None = None
-    finish_reason: FinishReason
-
-
-class ChatCompletion(BaseModel):
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int = Field(default_factory=now)
-    model: str
-    choices: list[ChatChoice]
-    usage: Usage
-
-
-class ChatDelta(BaseModel):
-    """A streamed message delta; absent fields are left out, as OpenAI does."""
-
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-
-    @model_serializer(mode="wrap")
-    def _drop_none(self, handler: Any) -> dict[str, Any]:
-        return {k: v for k, v in handler(self).items() if v is not None}
-
-
-class ChatChunkChoice(BaseModel):
-    index: int = 0
-    delta: ChatDelta
-    logprobs: None = None
-    finish_reason: FinishReason | None = None
-
-
-class ChatCompletionChunk(BaseModel):
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int = Field(default_factory=now)
-    model: str
-    choices: list[ChatChunkChoice]
-    usage: Usage | None = None
-
-
-class CompletionChoice(BaseModel):
-    index: int = 0
-    text: str
-    logprobs: None = None
-    finish_reason: FinishReason | None = None
-
-
-class Completion(BaseModel):
-    """A text completion, whole (``usage`` set) or one streamed chunk of it."""
-
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=now)
-    model: str
-    choices: list[CompletionChoice]
-    usage: Usage | None = None
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int = Field(default_factory=now)
-    owned_by: str = "mlxserve"
-    max_model_len: int
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]

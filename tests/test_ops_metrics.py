@@ -18,11 +18,12 @@ import pytest
 from mlx_backend.loaded_model import LoadedModel
 from scheduler.config import EngineConfig
 from server.launch import BackgroundServer
-from tests.ops_helpers import completion, metric, running_server, scrape, sse_payloads
+from tests.ops_helpers import COUNTING, completion, metric, running_server, scrape, sse_payloads
 
 POOL = 32
 MAX_TOKENS = 12  # 11 prompt + 12 - 1 = 22 slots each: two do not fit in 32 together
-PROMPT_TOKENS = 11  # len(tokenize(COUNTING))
+PROMPT_TOKENS = 11  # len(tokenize(COUNTING)) == len(tokenize(OTHER_COUNTING))
+OTHER_COUNTING = "5, 6, 7, 8,"
 STOP_PROMPT = "The capital of France is"  # greedy: " Paris." -> stops at "."
 STOP_PROMPT_TOKENS = 5
 
@@ -46,13 +47,21 @@ def _stream(url: str, body: dict[str, Any], first_chunk: threading.Event, out: l
 def traffic(server: BackgroundServer, smollm: LoadedModel) -> dict[str, Any]:
     """Two concurrent streams (one preempted), a scrape while they run, a stop-string finish;
     returns the scrapes and the answers."""
-    body = completion(
-        smollm.model_id, max_tokens=MAX_TOKENS, stream=True, stream_options={"include_usage": True}
-    )
+    # Two different prompts: identical ones would share their slots (prefix cache) and fit.
+    bodies = [
+        completion(
+            smollm.model_id,
+            prompt,
+            max_tokens=MAX_TOKENS,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        for prompt in (COUNTING, OTHER_COUNTING)
+    ]
     started = [threading.Event(), threading.Event()]
     outs: list[list] = [[], []]
     threads = [
-        threading.Thread(target=_stream, args=(server.url, body, started[i], outs[i]))
+        threading.Thread(target=_stream, args=(server.url, bodies[i], started[i], outs[i]))
         for i in range(2)
     ]
     for thread in threads:
@@ -75,7 +84,8 @@ class TestTrafficRan:
     def test_answers(self, traffic: dict[str, Any]) -> None:
         for out in traffic["streams"]:
             assert out[-1] == "[DONE]", out[-3:]
-            usage = out[-2]["usage"]
+            usage = dict(out[-2]["usage"])
+            assert usage.pop("prompt_tokens_details")["cached_tokens"] >= 0
             assert usage == {
                 "prompt_tokens": PROMPT_TOKENS,
                 "completion_tokens": MAX_TOKENS,
