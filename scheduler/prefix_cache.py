@@ -101,15 +101,20 @@ class PrefixCache:
     def match(self, req: Request) -> PrefixMatch | None:
         """The cached prefix a waiting request can start from (at most all but its last
         token: the forward must see one token to produce the next)."""
-        if self.tree is None or getattr(req.params, "prompt_logprobs", None) is not None:
+        if self.tree is None or not self._may_match(req):
             return None
         found = self.tree.match(req.all_ids(), req.seq_len - 1)
         return found if found.length else None
 
+    @staticmethod
+    def _may_match(req: Request) -> bool:
+        """Prompt logprobs need the logits of every prompt position: no cached prefix."""
+        return req.params.prompt_logprobs is None
+
     def should_defer(self, req: Request, matched: int, prefilling: list[Request]) -> bool:
         """Whether ``req`` should wait for a request still being prefilled to insert a
         longer shared prefix (two requests with the same system prompt, ``n > 1``)."""
-        if self.tree is None or not prefilling:
+        if self.tree is None or not prefilling or not self._may_match(req):
             return False
         ids = req.all_ids()
         limit = req.seq_len - 1
