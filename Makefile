@@ -45,4 +45,4 @@ test: lint
 	$(PY) -m pytest
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

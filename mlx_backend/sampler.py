@@ -21,11 +21,12 @@ def _filtered_logits(
     k = mx.where(top_k > 0, top_k, V)[:, None]
     keep = rank < k
     # top_p keeps the smallest prefix whose mass reaches p: a token stays while the mass
-    # before it is still below p (so the most likely token always stays). top_p == 1 keeps
-    # all: a cumsum rounding to 1 before the tail must not cut it, or a row's draw would
-    # depend on whether another row of its batch needs filtering.
+    # before it is still below p, and the most likely token always stays (a top_p that is
+    # 0 in float32, like 1e-300, once removed every token and the draw came from nothing).
+    # top_p == 1 keeps all: a cumsum rounding to 1 before the tail must not cut it, or a
+    # row's draw would depend on whether another row of its batch needs filtering.
     mass_before = mx.cumsum(sorted_probs, axis=-1) - sorted_probs
-    keep = keep & ((mass_before < top_p[:, None]) | (top_p[:, None] >= 1))
+    keep = keep & ((mass_before < top_p[:, None]) | (top_p[:, None] >= 1) | (rank == 0))
     keep = keep & (sorted_probs >= min_p[:, None] * sorted_probs[:, :1])
     sorted_logits = mx.where(keep, sorted_logits, -mx.inf)
     # Scatter back to vocabulary order.

@@ -12,6 +12,9 @@ PENALTY_CONTEXT = 20
 MAX_LOGPROBS = 20
 # OpenAI's range of a ``logit_bias`` value.
 MAX_LOGIT_BIAS = 100.0
+# Largest top_k the engine takes: the sampler holds it as int32 (a larger value once killed
+# the engine thread); anything past the vocabulary means "off" anyway.
+MAX_TOP_K = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -63,8 +66,8 @@ class SamplingParams:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 <= self.top_k <= MAX_TOP_K:
+            raise ValueError(f"top_k must be in [0, {MAX_TOP_K}], got {self.top_k}")
         if not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.seed is not None and (

@@ -24,8 +24,10 @@ from server.choice_output import ChatShaper, CompletionShaper
 from server.config import ServerConfig
 from server.context import ServingContext
 from server.errors import APIError, install_error_handlers
+from server.json_body import StrictJSONRoute
 from server.limits import BodySizeLimit
 from server.loading import LoadProgress, backend_name
+from server.openapi import install_openapi
 from server.prompts import completion_prompt_ids
 from server.reasoning import prompt_opens_reasoning
 from server.response_models import ModelCard, ModelList
@@ -33,7 +35,9 @@ from server.responses import complete_chat, complete_text
 from server.schemas import ChatCompletionRequest, CompletionRequest
 from server.state import ServerState, ServiceGate
 from server.streaming import stream_chat, stream_completion
+from server.structured_output import check_constraint, request_constraint
 from server.tokenize_routes import add_tokenize_routes
+from server.tools import ToolPlan, plan_tools
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +68,9 @@ def create_app(
     ``GET /metrics``, ``GET /version``.
     """
     app = FastAPI(title="mlxserve", version=VERSION)
+    app.router.route_class = StrictJSONRoute  # before any route is added
     install_error_handlers(app)
+    install_openapi(app)
     state = ServerState(config, progress)
     app.state.server = state
     if (loaded is None) != (engine is None):
@@ -132,20 +138,25 @@ def create_app(
         add_generation_prompt, continue_final = continuation_mode(
             body.messages, body.add_generation_prompt, body.continue_final_message
         )
+        tools = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, c.tool_format)
+        constraint, tools = request_constraint(body, tools)
         prompt_text, prompt_ids = render_chat(
             c.tokenizer,
             body.messages,
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final,
             template_kwargs=body.chat_template_kwargs,
+            tools=tools.prompt_tools,
         )
         in_reasoning = c.reasoning and prompt_opens_reasoning(prompt_text)
         texts = c.token_texts if body.logprobs else None
 
         def shaper() -> ChatShaper:
-            return ChatShaper(texts, body.top_logprobs or 0, c.reasoning, in_reasoning)
+            return ChatShaper(texts, body.top_logprobs or 0, c.reasoning, in_reasoning, tools)
 
-        choices = c.submit("chatcmpl", prompt_ids, body, param="messages")
+        if constraint is not None:
+            await check_constraint(c.engine, constraint)
+        choices = c.submit("chatcmpl", prompt_ids, body, "messages", constraint)
         if body.stream:
             return stream_chat(choices, c.model_name, body.include_usage, shaper)
         return await complete_chat(choices, c.model_name, request, shaper)
@@ -164,7 +175,10 @@ def create_app(
         def shaper() -> CompletionShaper:
             return CompletionShaper(c.tokenizer, texts, body.logprobs or 0, echo_text)
 
-        choices = c.submit("cmpl", prompt_ids, body, param="prompt")
+        constraint, _ = request_constraint(body, ToolPlan())
+        if constraint is not None:
+            await check_constraint(c.engine, constraint)
+        choices = c.submit("cmpl", prompt_ids, body, "prompt", constraint)
         if body.stream:
             return stream_completion(choices, c.model_name, body.include_usage, shaper)
         return await complete_text(choices, c.model_name, request, shaper)

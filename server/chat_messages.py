@@ -21,6 +21,8 @@ import jinja2
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from server.errors import APIError, invalid_request
+from server.special_tokens import SpecialTokenGuard
+from server.tool_prompt import hermes_messages, template_supports_tools, tool_results_as_user
 
 # Template variables a request may not set through chat_template_kwargs.
 RESERVED_TEMPLATE_KWARGS = frozenset(
@@ -87,11 +89,53 @@ def _text_of_parts(value: list[Any]) -> str:
     return "\n".join(texts)
 
 
+# /openapi.json's description of ``content`` (typed Any: ``_content_text`` checks it).
+_CONTENT_SCHEMAS = [
+    {"type": "string"},
+    {
+        "type": "array",
+        "items": {
+            "type": "object",
+            "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+            "required": ["type", "text"],
+            "additionalProperties": False,
+        },
+    },
+    {"type": "null"},
+]
+
+
+def _role_rules(schema: dict[str, Any]) -> None:
+    """/openapi.json: what ``_content_text`` and ``_role_fields`` ask of each role."""
+    text = {"anyOf": _CONTENT_SCHEMAS[:2]}
+    forbid = [{"required": [name]} for name in ("tool_calls", "reasoning_content")]
+    schema["oneOf"] = [
+        {
+            "properties": {"role": {"enum": ["system", "developer", "user"]}, "content": text},
+            "required": ["content"],
+            "not": {"anyOf": [*forbid, {"required": ["tool_call_id"]}]},
+        },
+        {"properties": {"role": {"const": "assistant"}}, "not": {"required": ["tool_call_id"]}},
+        {
+            "properties": {
+                "role": {"const": "tool"},
+                "content": text,
+                "tool_call_id": {"type": "string"},
+            },
+            "required": ["content", "tool_call_id"],
+            "not": {"anyOf": forbid},
+        },
+    ]
+
+
 class ChatMessage(_Model):
     """One chat message; ``content`` is normalized to a string (text parts joined)."""
 
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_role_rules)
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Any = Field(default=None, validate_default=True)
+    content: Any = Field(
+        default=None, validate_default=True, json_schema_extra={"anyOf": _CONTENT_SCHEMAS}
+    )
     name: str | None = None
     # Assistant messages (as a client replays them from a previous answer).
     tool_calls: list[ToolCall] | None = None
@@ -192,8 +236,14 @@ def render_chat(
     continue_final_message: bool = False,
     template_kwargs: dict[str, Any] | None = None,
     add_special_tokens: bool = False,
+    tools: list[dict[str, Any]] | None = None,
 ) -> tuple[str, list[int]]:
     """Render ``messages`` with the model's chat template.
+
+    ``tools`` (OpenAI tool dicts) go to a template that knows tools; for one that does not,
+    the tools, the assistant's tool calls and the tool results are written into the
+    messages in the default format (``server/tool_prompt.py``), and a template refusing the
+    ``tool`` role gets tool results as user messages.
 
     Returns:
         ``(prompt text, prompt token ids)``; the ids are the text encoded without added
@@ -213,18 +263,42 @@ def render_chat(
     if continue_final_message:
         # Only when asked: custom renderers (mlx-lm's chat_template callables) may not take it.
         kwargs["continue_final_message"] = True
-    try:
-        text = tokenizer.apply_chat_template(
-            [m.template_dict() for m in messages],
-            tokenize=False,
-            add_generation_prompt=add_generation_prompt,
-            **kwargs,
-        )
-    except APIError:
-        raise
-    except (jinja2.TemplateError, ValueError, TypeError, KeyError, IndexError) as e:
-        raise invalid_request(f"The chat template rejected the messages: {e}", "messages") from e
+    conversation = [m.template_dict() for m in messages]
+    attempts = [conversation]
+    if template_supports_tools(tokenizer):
+        if tools:
+            kwargs["tools"] = tools
+    else:
+        conversation = hermes_messages(conversation, tools)
+        attempts = [conversation, tool_results_as_user(conversation)]
+        if attempts[1] == conversation:
+            attempts.pop()
+    # Special-token text of the client's becomes plain text (server/special_tokens.py).
+    guard = SpecialTokenGuard(tokenizer, [attempts, kwargs])
+    for attempt, conversation in enumerate(attempts):
+        try:
+            text = tokenizer.apply_chat_template(
+                guard.mask(conversation),
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                **guard.mask(kwargs),
+            )
+            break
+        except APIError:
+            raise
+        except (
+            jinja2.TemplateError,
+            ValueError,
+            TypeError,
+            KeyError,
+            IndexError,
+            RecursionError,
+        ) as e:
+            if attempt + 1 < len(attempts):
+                continue
+            message = f"The chat template rejected the messages: {e}"
+            raise invalid_request(message, "messages") from e
     if not isinstance(text, str):
         raise invalid_request("The chat template did not render one prompt.", "messages")
-    ids = tokenizer.encode(text, add_special_tokens=add_special_tokens)
-    return text, [int(t) for t in ids]
+    ids = guard.encode(text, add_special_tokens=add_special_tokens)
+    return guard.restore(text), ids

@@ -4,7 +4,9 @@ The same shaper serves a stream (one call per chunk) and a whole answer (the cal
 concatenated), so the two always agree.
 
 - Chat: reasoning models' ``<think>`` part goes to ``reasoning_content``
-  (``server/reasoning.py``); logprobs in the chat shape.
+  (``server/reasoning.py``); with tools, calls are split off the content
+  (``server/tool_stream.py``) and a stop after a call finishes with "tool_calls"; logprobs
+  in the chat shape.
 - Completions: ``echo`` puts the prompt (and with ``logprobs`` its logprobs, the first one
   null) before the completion; logprobs in the completions shape, ``text_offset`` counted
   from the start of the returned text.
@@ -12,7 +14,7 @@ concatenated), so the two always agree.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from server.generation import Chunk, Generation
@@ -25,6 +27,8 @@ from server.logprobs_format import (
     prompt_entries,
 )
 from server.reasoning import ReasoningSplitter
+from server.tool_stream import ParsedCall, ToolCallSplitter
+from server.tools import ToolPlan
 
 
 @dataclass
@@ -34,10 +38,8 @@ class ChatPiece:
     reasoning: str
     content: str
     logprobs: list[ChatTokenLogprob] | None
-
-    @property
-    def empty(self) -> bool:
-        return not (self.reasoning or self.content or self.logprobs)
+    tool_calls: list[ParsedCall] = field(default_factory=list)
+    first_call_index: int = 0  # the index of tool_calls[0] among the choice's calls
 
 
 class ChatShaper:
@@ -48,14 +50,23 @@ class ChatShaper:
         top_logprobs: alternatives to show per token.
         reasoning: the model reasons in ``<think>`` tags.
         in_reasoning: the prompt already opened ``<think>``.
+        tools: the request's tool plan (parsed when its ``parse`` is set).
     """
 
     def __init__(
-        self, texts: TokenTexts | None, top_logprobs: int, reasoning: bool, in_reasoning: bool
+        self,
+        texts: TokenTexts | None,
+        top_logprobs: int,
+        reasoning: bool,
+        in_reasoning: bool,
+        tools: ToolPlan | None = None,
     ) -> None:
         self._texts = texts
         self._top = top_logprobs
         self._splitter = ReasoningSplitter(in_reasoning) if reasoning else None
+        self._tools = None
+        if tools is not None and tools.parse is not None:
+            self._tools = ToolCallSplitter(tools.parse, tools.prompt_tools, tools.parallel)
 
     @property
     def saw_reasoning(self) -> bool:
@@ -69,10 +80,24 @@ class ChatShaper:
             if chunk.finish_reason is not None:
                 tail_reasoning, tail_content = self._splitter.flush()
                 reasoning, content = reasoning + tail_reasoning, content + tail_content
+        calls: list[ParsedCall] = []
+        first_call = 0
+        if self._tools is not None:
+            first_call = self._tools.calls_made
+            content, calls = self._tools.feed(content)
+            if chunk.finish_reason is not None:
+                tail, more = self._tools.flush()
+                content, calls = content + tail, calls + more
         logprobs = None
         if self._texts is not None:
             logprobs = chat_logprobs(chunk.tokens, self._texts, self._top)
-        return ChatPiece(reasoning, content, logprobs)
+        return ChatPiece(reasoning, content, logprobs, calls, first_call)
+
+    def finish_reason(self, reason: str) -> str:
+        """The choice's finish reason: "tool_calls" for a stop after a call."""
+        if reason == "stop" and self._tools is not None and self._tools.calls_made:
+            return "tool_calls"
+        return reason
 
 
 class CompletionShaper:

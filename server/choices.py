@@ -46,9 +46,17 @@ class Choices:
         return self.generations[0].prompt_ids
 
     def start(self) -> None:
-        """Hand every choice to the engine (one after the other, in the same instant)."""
-        for gen in self.generations:
-            gen.start()
+        """Hand every choice to the engine (one after the other, in the same instant).
+
+        Raises:
+            ValueError: the engine refused a choice's grammar (those started are aborted).
+        """
+        try:
+            for gen in self.generations:
+                gen.start()
+        except ValueError:
+            self.abort()
+            raise
 
     def abort(self) -> None:
         """Stop every choice still running (idempotent)."""

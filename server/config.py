@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Literal
 
+from server.tool_parsers import check_tool_parser_name
+
 LogLevel = Literal["debug", "info", "warning", "error"]
 
 API_KEY_ENV = "MLXSERVE_API_KEY"
@@ -43,6 +45,10 @@ class ServerConfig:
             is aborted, so a stalled reader cannot hold the engine's memory.
         shutdown_timeout: seconds that running requests get to finish after SIGTERM/SIGINT
             before they are aborted.
+        tool_parser: how tool calls are read from the output: "auto" (the parser mlx-lm
+            gives the model's tokenizer, else "hermes"), "hermes" (<tool_call> JSON
+            </tool_call>, the default format), or one of mlx-lm's parsers (json_tools,
+            mistral, pythonic, qwen3_coder, glm47, ...).
     """
 
     model: str | None = None
@@ -61,6 +67,7 @@ class ServerConfig:
     max_prompt_tokens: int = 0
     stream_buffer_tokens: int = 2048
     shutdown_timeout: float = 30.0
+    tool_parser: str = "auto"
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -73,6 +80,7 @@ class ServerConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.stream_buffer_tokens < 1:
             raise ValueError(f"stream_buffer_tokens must be >= 1, got {self.stream_buffer_tokens}")
+        check_tool_parser_name(self.tool_parser)
 
     def api_keys(self) -> tuple[str, ...]:
         """The accepted API keys: ``api_key``, else ``$MLXSERVE_API_KEY``; empty: no auth."""

@@ -8,7 +8,7 @@ from mlx_backend.loaded_model import LoadedModel
 from scheduler.engine import Engine
 from server.choices import Choices
 from server.config import ServerConfig
-from server.errors import APIError
+from server.errors import APIError, invalid_request
 from server.generation import Generation
 from server.limits import check_prompt_tokens, check_queue
 from server.logprobs_format import TokenTexts
@@ -16,6 +16,8 @@ from server.prompts import resolve_max_tokens
 from server.reasoning import is_reasoning_model
 from server.sampling import engine_params
 from server.schemas import GenerationRequest
+from server.structured_output import OutputConstraint
+from server.tool_parsers import resolve_tool_format
 
 
 class ServingContext:
@@ -24,6 +26,7 @@ class ServingContext:
     Attributes:
         reasoning: the model's output may open with ``<think>`` reasoning.
         token_texts: token id -> text for logprobs (cached across requests).
+        tool_format: how the model writes tool calls (``--tool-parser``).
 
     Args:
         loaded: the loaded model (tokenizer, id, context length).
@@ -42,6 +45,7 @@ class ServingContext:
         self.vocab_size = min(int(vocab), len(self.tokenizer))
         self.reasoning = is_reasoning_model(self.tokenizer)
         self.token_texts = TokenTexts(self.tokenizer)
+        self.tool_format = resolve_tool_format(config.tool_parser, self.tokenizer)
         # Requests in flight (pruned as they finish): what a graceful shutdown waits for.
         self._live: set[Generation] = set()
 
@@ -66,7 +70,12 @@ class ServingContext:
         return list(self._live)
 
     def submit(
-        self, kind: str, prompt_ids: list[int], body: GenerationRequest, param: str
+        self,
+        kind: str,
+        prompt_ids: list[int],
+        body: GenerationRequest,
+        param: str,
+        constraint: OutputConstraint | None = None,
     ) -> Choices:
         """Check the limits, then start the request's ``n`` choices in the engine.
 
@@ -75,11 +84,12 @@ class ServingContext:
             prompt_ids: the prompt's tokens.
             body: the parsed request.
             param: the request field holding the prompt, for error messages.
+            constraint: the grammar every choice follows (each gets its own matcher).
 
         Raises:
             APIError: 400 when the prompt is over ``max_prompt_tokens``, the request does
-                not fit the context or its parameters do not fit the model, 503 when the
-                engine is not running, 429 when the queue is full.
+                not fit the context, its parameters do not fit the model or its grammar is
+                invalid, 503 when the engine is not running, 429 when the queue is full.
         """
         config = self.config
         check_prompt_tokens(len(prompt_ids), config.max_prompt_tokens, param)
@@ -105,11 +115,17 @@ class ServingContext:
                 timeout=config.request_timeout or None,
                 max_buffered_tokens=config.stream_buffer_tokens,
                 keep_output=keep_output,
+                grammar=constraint.spec if constraint is not None else None,
             )
             for i, choice_params in enumerate(params)
         ]
+        choices = Choices(response_id, generations)
+        try:
+            choices.start()
+        except ValueError as e:
+            # Grammars are checked before (check_constraint); this is the engine's last word.
+            at = constraint.param if constraint is not None else None
+            raise invalid_request(f"Invalid '{at}': {e}", param=at) from e
         self.live_generations()  # prune, so the set stays as small as what runs
         self._live.update(generations)
-        choices = Choices(response_id, generations)
-        choices.start()
         return choices

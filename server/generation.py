@@ -30,6 +30,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from scheduler.constraints import GrammarSpec
 from scheduler.engine import Engine
 from scheduler.outputs import RequestOutput
 from scheduler.sampling_params import SamplingParams
@@ -92,6 +93,7 @@ class Generation:
             failed (None: unbounded).
         keep_output: False to run the request for its prompt only (``echo`` with
             ``max_tokens`` 0): the generated token is dropped, the finish reason is "length".
+        grammar: the constraint the output follows (structured output, tool calls).
 
     Attributes:
         prompt_logprobs: the engine's prompt logprobs (when asked), once the first token came.
@@ -110,6 +112,7 @@ class Generation:
         max_buffered_tokens: int | None = None,
         *,
         keep_output: bool = True,
+        grammar: GrammarSpec | None = None,
     ) -> None:
         self.engine = engine
         self.request_id = request_id
@@ -133,15 +136,23 @@ class Generation:
         self._min_tokens = params.min_tokens
         self._want_logprobs = params.logprobs is not None
         self._keep_output = keep_output
+        self.grammar = grammar
         self._text_len = 0  # characters detokenized so far (before stop matching)
         self.prompt_logprobs: list[Any] | None = None
         self.cached_tokens = 0
         self._started_at = 0.0
 
     def start(self) -> None:
-        """Hand the request to the engine."""
+        """Hand the request to the engine.
+
+        Raises:
+            ValueError: the engine refused the grammar.
+        """
         self._started_at = time.monotonic()
-        self.engine.add_request(self.request_id, self.prompt_ids, self.params, self._on_output)
+        extra = {"grammar": self.grammar} if self.grammar is not None else {}
+        self.engine.add_request(
+            self.request_id, self.prompt_ids, self.params, self._on_output, **extra
+        )
         if self._timeout:
             self._timer = self._loop.call_later(self._timeout, self._on_timeout)
 

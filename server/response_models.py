@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field, model_serializer
 
 from server.logprobs_format import ChatLogprobs, CompletionLogprobs
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 def now() -> int:
@@ -47,13 +47,26 @@ class _DropNone(BaseModel):
         return {k: v for k, v in data.items() if v is not None or k not in self._optional}
 
 
-class AssistantMessage(_DropNone):
-    """The answer; ``reasoning_content`` is sent only by reasoning models."""
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # a JSON object's text
 
-    _optional = ("reasoning_content",)
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class AssistantMessage(_DropNone):
+    """The answer; ``reasoning_content`` is sent only by reasoning models, ``tool_calls``
+    only when the model called tools (``content`` is then null unless it wrote text too)."""
+
+    _optional = ("reasoning_content", "tool_calls")
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
     reasoning_content: str | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -72,13 +85,31 @@ class ChatCompletion(BaseModel):
     usage: Usage
 
 
+class FunctionCallDelta(_DropNone):
+    _optional = ("name", "arguments")
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(_DropNone):
+    """A fragment of a streamed tool call: the first has ``id``, ``type`` and the function's
+    name, the next ones pieces of its ``arguments``."""
+
+    _optional = ("id", "type")
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta
+
+
 class ChatDelta(_DropNone):
     """A streamed message delta; absent fields are left out, as OpenAI does."""
 
-    _optional = ("role", "content", "reasoning_content")
+    _optional = ("role", "content", "reasoning_content", "tool_calls")
     role: Literal["assistant"] | None = None
     content: str | None = None
     reasoning_content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(BaseModel):

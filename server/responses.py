@@ -25,6 +25,8 @@ from server.response_models import (
     ChatCompletion,
     Completion,
     CompletionChoice,
+    FunctionCall,
+    ToolCall,
 )
 
 logger = logging.getLogger(__name__)
@@ -75,18 +77,27 @@ async def complete_chat(
         assert result.finish_reason in ("stop", "length"), result.finish_reason
         shaper = make_shaper()
         pieces = [shaper.piece(chunk) for chunk in result.chunks]
-        content = "".join(p.content for p in pieces)
+        content: str | None = "".join(p.content for p in pieces)
         reasoning = "".join(p.reasoning for p in pieces) if shaper.saw_reasoning else None
         logprobs = None
         if any(p.logprobs is not None for p in pieces):
             logprobs = ChatLogprobs(content=[lp for p in pieces for lp in p.logprobs or []])
-        message = AssistantMessage(content=content, reasoning_content=reasoning)
+        calls = [
+            ToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments))
+            for p in pieces
+            for c in p.tool_calls
+        ]
+        if calls and not content:
+            content = None  # OpenAI: a message of tool calls only has null content
+        message = AssistantMessage(
+            content=content, reasoning_content=reasoning, tool_calls=calls or None
+        )
         out.append(
             ChatChoice(
                 index=index,
                 message=message,
                 logprobs=logprobs,
-                finish_reason=result.finish_reason,
+                finish_reason=shaper.finish_reason(result.finish_reason),
             )
         )
     return ChatCompletion(id=choices.id, model=model, choices=out, usage=choices.usage())

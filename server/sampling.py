@@ -67,7 +67,8 @@ def engine_params(
             max_tokens=max_tokens,
             temperature=1.0 if body.temperature is None else body.temperature,
             top_p=1.0 if body.top_p is None else body.top_p,
-            top_k=max(body.top_k or 0, 0),
+            # top_k past the vocabulary keeps every token: it is "off" (and fits int32).
+            top_k=0 if (body.top_k or 0) >= vocab_size else max(body.top_k or 0, 0),
             min_p=body.min_p or 0.0,
             ignore_eos=body.ignore_eos,
             seed=choice_seed(body.seed, index),

@@ -8,11 +8,15 @@ request is submitted (``server/sampling.py``, ``server/prompts.py``).
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from server.chat_messages import ChatMessage
+from server.openapi_fields import describe_any_fields
+from server.structured_output import ResponseFormat, StructuredOutputs, json_schema_value
+from server.tools import NamedToolChoice, ToolChoice, ToolDefinition
 
 # OpenAI's limits.
 MAX_STOP_STRINGS = 4
@@ -24,11 +28,8 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 # OpenAI parameters we do not implement, and the values that mean "off" (accepted).
 _NOOP_VALUES: dict[str, tuple[Any, ...]] = {
     "suffix": ("",),
-    "tools": ([],),
-    "tool_choice": ("none",),
     "functions": ([],),
     "function_call": ("none",),
-    "response_format": ({"type": "text"},),
     "audio": (),
     "modalities": (["text"],),
     "prediction": (),
@@ -77,10 +78,12 @@ def _check_logit_bias(value: Any) -> dict[int, float] | None:
         raise ValueError("'logit_bias' must be an object mapping token ids to biases.")
     bias = {}
     for key, bias_value in value.items():
-        try:
-            token = int(key)
-        except (TypeError, ValueError):
-            raise ValueError(f"'logit_bias' key {key!r} is not a token id.") from None
+        # NOTE: int() alone would also take " 5", "1_0" and non-ASCII digits ("٥").
+        if isinstance(key, bool) or not (
+            isinstance(key, int) or (isinstance(key, str) and _TOKEN_ID.fullmatch(key))
+        ):
+            raise ValueError(f"'logit_bias' key {key!r} is not a token id.")
+        token = int(key)
         if isinstance(bias_value, bool) or not isinstance(bias_value, int | float):
             raise ValueError(f"'logit_bias' value for token {key} must be a number.")
         if not -MAX_LOGIT_BIAS <= bias_value <= MAX_LOGIT_BIAS:
@@ -89,6 +92,9 @@ def _check_logit_bias(value: Any) -> dict[int, float] | None:
             )
         bias[token] = float(bias_value)
     return bias
+
+
+_TOKEN_ID = re.compile(r"-?[0-9]+")
 
 
 class _Model(BaseModel):
@@ -102,6 +108,10 @@ class StreamOptions(_Model):
 class GenerationRequest(_Model):
     """Fields shared by chat completions and completions."""
 
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra=describe_any_fields(_NOOP_VALUES, MAX_STOP_STRINGS, MAX_LOGIT_BIAS),
+    )
     model: str
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -120,6 +130,14 @@ class GenerationRequest(_Model):
     repetition_penalty: float | None = Field(default=None, gt=0)
     min_tokens: int = Field(default=0, ge=0)
     ignore_eos: bool = False
+    # Structured output (server/structured_output.py): OpenAI's response_format, vLLM's
+    # structured_outputs and its older guided_* fields.
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | str | None = None  # an object, or its JSON text
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = Field(default=None, min_length=1)
+    guided_grammar: str | None = None
     # Harmless metadata, accepted and unused.
     user: str | None = None
     metadata: dict[str, str] | None = None
@@ -130,6 +148,8 @@ class GenerationRequest(_Model):
     _ints = field_validator("n", "seed", "top_k", "min_tokens", "max_tokens", mode="before")(
         _no_bool
     )
+
+    _guided_json = field_validator("guided_json", mode="before")(json_schema_value)
 
     @field_validator("stop")
     @classmethod
@@ -187,16 +207,16 @@ class ChatCompletionRequest(GenerationRequest):
     add_generation_prompt: bool | None = None
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
-    # Harmless chat-only metadata.
+    # Tool calling (server/tools.py).
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # Harmless chat-only metadata.
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
-    # Chat-only OpenAI parameters, not implemented (tools and structured output: later).
-    tools: Any = None
-    tool_choice: Any = None
+    # Chat-only OpenAI parameters, not implemented (legacy functions: use tools).
     functions: Any = None
     function_call: Any = None
-    response_format: Any = None
     audio: Any = None
     modalities: Any = None
     prediction: Any = None
@@ -206,11 +226,8 @@ class ChatCompletionRequest(GenerationRequest):
     store: Any = None
 
     _unsupported_chat = field_validator(
-        "tools",
-        "tool_choice",
         "functions",
         "function_call",
-        "response_format",
         "audio",
         "modalities",
         "prediction",
@@ -220,6 +237,25 @@ class ChatCompletionRequest(GenerationRequest):
         "store",
     )(_reject_unsupported)
     _chat_ints = field_validator("top_logprobs", "max_completion_tokens", mode="before")(_no_bool)
+
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _tool_choice(cls, value: Any) -> ToolChoice | None:
+        if value is None or value in ("none", "auto", "required"):
+            return value
+        function = value.get("function") if isinstance(value, dict) else None
+        if (
+            isinstance(function, dict)
+            and value.get("type") == "function"
+            and set(value) == {"type", "function"}
+            and set(function) == {"name"}
+            and isinstance(function["name"], str)
+        ):
+            return NamedToolChoice.model_validate(value)
+        raise ValueError(
+            "'tool_choice' must be 'none', 'auto', 'required' or "
+            '{"type": "function", "function": {"name": ...}}.'
+        )
 
     @field_validator("top_logprobs")
     @classmethod
@@ -296,4 +332,7 @@ class CompletionRequest(GenerationRequest):
 
 
 def _is_int(value: Any) -> bool:
+    # 2.0 is an integer to JSON Schema (and to pydantic's int fields): accept it here too.
+    if isinstance(value, float):
+        return value.is_integer()
     return isinstance(value, int) and not isinstance(value, bool)

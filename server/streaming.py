@@ -2,7 +2,9 @@
 
 Order: the opening chunks (chat: one role chunk per choice), then each choice's chunks as
 they come (tagged with its ``index``; a choice's last is an empty chunk with its
-``finish_reason``), then with ``stream_options.include_usage`` one chunk with ``usage`` and
+``finish_reason``; a tool call comes as two ``delta.tool_calls`` fragments once the call is
+complete, the first with its ``id``, ``type`` and function name, the second with all of
+its ``arguments``), then with ``stream_options.include_usage`` one chunk with ``usage`` and
 no choices, then ``[DONE]``. A failure after the status line went out is reported in-band
 as an error object, as OpenAI does. A client that closes the stream aborts every choice.
 """
@@ -26,9 +28,12 @@ from server.response_models import (
     ChatDelta,
     Completion,
     CompletionChoice,
+    FunctionCallDelta,
+    ToolCallDelta,
     Usage,
     now,
 )
+from server.tool_stream import ParsedCall
 
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -82,18 +87,22 @@ def stream_chat(
         return ChatCompletionChunk(id=choices.id, created=created, model=model, choices=[choice])
 
     def on_chunk(index: int, chunk: Chunk) -> list[BaseModel]:
-        piece = shapers[index].piece(chunk)
+        shaper = shapers[index]
+        piece = shaper.piece(chunk)
         events: list[BaseModel] = []
-        if not piece.empty:
+        if piece.reasoning or piece.content or piece.logprobs:
             delta = ChatDelta(
                 content=piece.content or None, reasoning_content=piece.reasoning or None
             )
             logprobs = ChatLogprobs(content=piece.logprobs) if piece.logprobs else None
             events.append(event(ChatChunkChoice(index=index, delta=delta, logprobs=logprobs)))
+        for i, call in enumerate(piece.tool_calls, start=piece.first_call_index):
+            for fragment in _call_fragments(i, call):
+                delta = ChatDelta(tool_calls=[fragment])
+                events.append(event(ChatChunkChoice(index=index, delta=delta)))
         if chunk.finish_reason is not None:
-            finish = ChatChunkChoice(
-                index=index, delta=ChatDelta(), finish_reason=chunk.finish_reason
-            )
+            reason = shaper.finish_reason(chunk.finish_reason)
+            finish = ChatChunkChoice(index=index, delta=ChatDelta(), finish_reason=reason)
             events.append(event(finish))
         return events
 
@@ -107,6 +116,19 @@ def stream_chat(
         for i in range(len(choices.generations))
     ]
     return _response(_events(choices, opening, on_chunk, usage_event if include_usage else None))
+
+
+def _call_fragments(index: int, call: ParsedCall) -> list[ToolCallDelta]:
+    """A call as OpenAI streams one: id, type and name first, then the arguments."""
+    return [
+        ToolCallDelta(
+            index=index,
+            id=call.id,
+            type="function",
+            function=FunctionCallDelta(name=call.name, arguments=""),
+        ),
+        ToolCallDelta(index=index, function=FunctionCallDelta(arguments=call.arguments)),
+    ]
 
 
 def stream_completion(

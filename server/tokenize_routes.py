@@ -7,7 +7,7 @@ Tokenize a completion prompt::
 or a chat conversation as the chat route renders it (the same template and options)::
 
     {"model"?: str, "messages": [...], "add_generation_prompt"?: bool,
-     "continue_final_message": false, "chat_template_kwargs"?: {...},
+     "continue_final_message": false, "chat_template_kwargs"?: {...}, "tools"?: [...],
      "add_special_tokens": false, "return_token_strs": false}
 
 -> ``{"count", "max_model_len", "tokens", "token_strs"}`` (``token_strs``: the tokenizer's
@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from server.chat_messages import ChatMessage, continuation_mode, render_chat
 from server.context import ServingContext
 from server.errors import invalid_request
+from server.tools import ToolDefinition
 
 
 class _Model(BaseModel):
@@ -45,6 +46,7 @@ class TokenizeRequest(_Model):
     add_generation_prompt: bool | None = None
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[ToolDefinition] | None = None
     return_token_strs: bool = False
 
 
@@ -75,7 +77,7 @@ def _tokenize(ctx: ServingContext, body: TokenizeRequest) -> list[int]:
     if (body.prompt is None) == (body.messages is None):
         raise invalid_request("Send exactly one of 'prompt' and 'messages'.", param="prompt")
     if body.prompt is not None:
-        for name in ("add_generation_prompt", "chat_template_kwargs"):
+        for name in ("add_generation_prompt", "chat_template_kwargs", "tools"):
             if getattr(body, name) is not None:
                 raise invalid_request(f"'{name}' applies to 'messages' only.", param=name)
         if body.continue_final_message:
@@ -96,6 +98,7 @@ def _tokenize(ctx: ServingContext, body: TokenizeRequest) -> list[int]:
         continue_final_message=continue_final,
         template_kwargs=body.chat_template_kwargs,
         add_special_tokens=bool(body.add_special_tokens),
+        tools=[t.template_dict() for t in body.tools] if body.tools else None,
     )
     return ids
 

@@ -30,6 +30,8 @@ class ScriptedEngine:
 
     Attributes:
         requests: ``(request_id, prompt, params)`` of every request, in order.
+        grammars: the grammar of every request (None: unconstrained), in order; the script
+            is not checked against it.
         aborted: ids of the requests aborted.
     """
 
@@ -38,6 +40,7 @@ class ScriptedEngine:
     def __init__(self, script: Script) -> None:
         self.script = script
         self.requests: list[tuple[str, list[int], SamplingParams]] = []
+        self.grammars: list[Any] = []
         self.aborted: list[str] = []
         self.observer: Any = None
 
@@ -54,8 +57,10 @@ class ScriptedEngine:
         prompt_ids: list[int],
         params: SamplingParams,
         on_output: Callable[[RequestOutput], None],
+        grammar: Any = None,
     ) -> None:
         self.requests.append((request_id, list(prompt_ids), params))
+        self.grammars.append(grammar)
         tokens = self.script(list(prompt_ids), params)[: params.max_tokens]
         reason = "length" if len(tokens) == params.max_tokens else "stop"
         for i, token in enumerate(tokens):

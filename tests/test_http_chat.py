@@ -84,7 +84,10 @@ class TestMessages:
         rendered = tokenize(http, messages=TOOL_TURN)
         assert reply["usage"]["prompt_tokens"] == rendered["count"]
         text = http.post("/detokenize", json={"tokens": rendered["tokens"]}).json()["prompt"]
-        assert "<|im_start|>tool\nSunny, 21 C<|im_end|>" in text, text
+        # A template without tool support gets them in the default (Hermes) format.
+        call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+        assert f"<|im_start|>assistant\n{call}<|im_end|>" in text, text
+        assert "<|im_start|>tool\n<tool_response>\nSunny, 21 C\n</tool_response><|im_end|>" in text
 
     @pytest.mark.parametrize(
         ("message", "param"),

@@ -153,10 +153,8 @@ class TestUnsupportedParameters:
     @pytest.mark.parametrize(
         ("param", "value"),
         [
-            ("tools", [{"type": "function", "function": {"name": "f"}}]),
-            ("tool_choice", "auto"),
             ("functions", [{"name": "f"}]),
-            ("response_format", {"type": "json_object"}),
+            ("function_call", "auto"),
             ("reasoning_effort", "low"),
             ("prediction", {"type": "content", "content": "x"}),
             ("store", True),

@@ -48,6 +48,15 @@ class TestGreedyAndFilters:
         assert set(out[:, 0].tolist()) == {0}, "0.5 is reached by the first token alone"
         assert set(out[:, 1].tolist()) == {0, 1, 2}, "0.85 needs the first three tokens"
 
+    def test_top_p_that_is_zero_in_float32_keeps_the_best_token(self):
+        # 5e-324 is > 0 (so the API takes it) but 0 as float32: it used to remove every
+        # token, and the draw then came from an all -inf row (anything, even a token a
+        # grammar forbids).
+        logits = mx.broadcast_to(LOGITS[::-1], (2, LOGITS.shape[0]))  # the best is id 4
+        p, sampler = params([{"top_p": 5e-324}, {"top_p": 1e-46}]), Sampler(0)
+        out = np.stack([np.array(sampler(logits, p)) for _ in range(50)])
+        assert set(out.ravel().tolist()) == {4}, "the most likely token always stays"
+
     def test_min_p_drops_tokens_below_a_share_of_the_best(self):
         out = draw([{"min_p": 0.5}, {"min_p": 0.15}])
         assert set(out[:, 0].tolist()) == {0, 1}, "0.3 >= 0.5*0.5 stays, 0.1 goes"
