@@ -75,7 +75,7 @@ def measure(batch: int, model, tokenizer, compiler) -> dict[str, float]:  # noqa
         mask_s.append(t1 - t0)
         apply_s.append(t2 - t1)
         for c in constraints:
-            assert c.accept(token), "the document must follow the schema"
+            c.accept(token)  # raises if the document broke the schema
     # A plain decode forward at this batch, for scale.
     cache = make_prompt_cache(model)
     x = mx.array(np.full((batch, 64), 5, np.int32))

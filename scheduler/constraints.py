@@ -36,15 +36,36 @@ class GrammarSpec:
     value: str = ""
 
 
+class GrammarDeadEnd(ValueError):
+    """The request's grammar allows no token the model can produce: the request's fault
+    (a grammar this vocabulary cannot satisfy), reported to the client as a 4xx."""
+
+
 class Constraint:
     """One request's matcher: the tokens allowed next, and the tokens sampled so far."""
 
     def __init__(self, matcher: llguidance.LLMatcher) -> None:
         self.matcher = matcher
 
-    def accept(self, token: int) -> bool:
-        """Advance by the sampled token; False if the grammar did not allow it."""
-        return bool(self.matcher.consume_token(token))
+    def accept(self, token: int) -> None:
+        """Advance by the sampled token.
+
+        Raises:
+            GrammarDeadEnd: the grammar did not allow it. The sampler only picks masked-out
+                tokens when the mask allows none: the grammar needs something the
+                vocabulary cannot spell (e.g. a byte no token contains), or llguidance gave
+                up on it (its limits).
+        """
+        if self.matcher.consume_token(token):
+            return
+        message = (
+            "the grammar allows no token this model can produce here (it needs text the "
+            "model's vocabulary cannot spell, or exceeds the grammar engine's limits)"
+        )
+        if self.matcher.is_error():
+            # llguidance's first line says what failed; the rest dumps the whole grammar.
+            message += f": {self.matcher.get_error().splitlines()[0][:200]}"
+        raise GrammarDeadEnd(message)
 
     @property
     def finished(self) -> bool:

@@ -43,6 +43,9 @@ class RequestOutput:
     finished: bool = False
     finish_reason: FinishReason | None = None
     error: str | None = None
+    # The error is the request's own fault (e.g. a grammar the vocabulary cannot satisfy):
+    # the server answers 400 rather than 500 when the response has not started.
+    invalid_request: bool = False
     prompt_tokens: int = 0
     completion_tokens: int = 0
     # Prompt tokens whose K/V came from the prefix cache (usage.prompt_tokens_details).

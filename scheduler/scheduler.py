@@ -13,7 +13,7 @@ from kvpool import ReqToTokenPool, StateSlotAllocator
 from scheduler.batch import ForwardBatch, ForwardOutput
 from scheduler.batch_builder import build_forward_batch
 from scheduler.config import EngineConfig
-from scheduler.constraints import ConstraintCompiler
+from scheduler.constraints import ConstraintCompiler, GrammarDeadEnd
 from scheduler.logprob_events import record_prompt_logprobs, with_logprobs
 from scheduler.memory_plan import MemoryPlan
 from scheduler.outputs import FinishReason, RequestOutput
@@ -272,6 +272,10 @@ class Scheduler:
             token = int(out.next_token_ids[i])
             try:
                 reason = self._accept(req, token)
+            except GrammarDeadEnd as e:
+                self._release(req)
+                events.append(self.make_event(req, [], "error", error=str(e), invalid=True))
+                continue
             except Exception as e:  # noqa: BLE001 - fails this request only
                 logger.exception("request %s failed on token %d", req.request_id, token)
                 self._release(req)
@@ -297,8 +301,7 @@ class Scheduler:
 
     def _finish_reason(self, req: Request, token: int) -> FinishReason | None:
         if req.constraint is not None:
-            if not req.constraint.accept(token):
-                raise ValueError(f"token {token} is not allowed by the request's grammar")
+            req.constraint.accept(token)
             if req.constraint.finished:
                 return "stop"
         if token in req.params.stop_token_ids:
@@ -323,6 +326,7 @@ class Scheduler:
         tokens: list[int],
         reason: FinishReason | None,
         error: str | None = None,
+        invalid: bool = False,
     ) -> RequestOutput:
         return RequestOutput(
             request_id=req.request_id,
@@ -330,6 +334,7 @@ class Scheduler:
             finished=reason is not None,
             finish_reason=reason,
             error=error,
+            invalid_request=invalid,
             prompt_tokens=req.prompt_len,
             completion_tokens=req.output_len,
             cached_tokens=req.cached_tokens or 0,

@@ -242,6 +242,13 @@ class Generation:
         if out.finished and out.finish_reason not in ("stop", "length"):
             self._finish(out.finish_reason or "error")
             message = out.error or f"request ended with '{out.finish_reason}'"
+            if out.invalid_request:
+                raise GenerationError(
+                    f"Generation failed: {message}",
+                    status_code=400,
+                    type="invalid_request_error",
+                    code="grammar_unsatisfiable",
+                )
             raise GenerationError(f"Generation failed: {message}")
         if not self._keep_output:
             if not out.finished:

@@ -55,7 +55,7 @@ def clamp(logprob: float) -> float:
     return MIN_LOGPROB if math.isnan(logprob) or logprob < MIN_LOGPROB else float(logprob)
 
 
-def _bytes_to_unicode() -> dict[int, str]:
+def bytes_to_unicode() -> dict[int, str]:
     # GPT-2's reversible byte -> printable character map used by byte-level BPE.
     bs = list(range(ord("!"), ord("~") + 1))
     bs += list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
@@ -69,7 +69,7 @@ def _bytes_to_unicode() -> dict[int, str]:
     return {b: chr(c) for b, c in zip(bs, cs, strict=True)}
 
 
-_BYTE_DECODER = {c: b for b, c in _bytes_to_unicode().items()}
+_BYTE_DECODER = {c: b for b, c in bytes_to_unicode().items()}
 
 
 def _is_byte_level(tokenizer: Any) -> bool:

@@ -11,6 +11,7 @@ enable_fast_blas()
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import mlx.core as mx
 import pytest
@@ -142,3 +143,28 @@ def make_engine() -> Iterator[Callable[..., Engine]]:
             engine.check_integrity()
         finally:
             engine.shutdown()
+
+
+# The HTTP test modules each start one ``server`` (a module fixture of their own, with their
+# engine sizes); these build on whichever ``server`` the requesting module defines.
+@pytest.fixture(scope="module")
+def client(server: Any) -> Any:
+    """The official OpenAI client on the module's server."""
+    import openai
+
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def http(server: Any) -> Iterator[Any]:
+    """An httpx client on the module's server."""
+    import httpx
+
+    with httpx.Client(base_url=server.url, timeout=120) as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
+def model(smollm: LoadedModel) -> str:
+    """The served model's id."""
+    return smollm.model_id

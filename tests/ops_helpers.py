@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -15,6 +19,8 @@ from mlx_backend.loaded_model import LoadedModel
 from scheduler.config import EngineConfig
 from server.config import ServerConfig
 from server.launch import BackgroundServer, serve_in_background
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # Greedy SmolLM2 continues this with " 5, 6, 7, ..." and no end-of-sequence token.
 COUNTING = "1, 2, 3, 4,"
@@ -75,3 +81,46 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
     while not predicate():
         assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
         time.sleep(0.02)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def cli_server(
+    args: list[str], script: str | None = None
+) -> Iterator[tuple[subprocess.Popen, str]]:
+    """The real ``mlxserve`` CLI in a subprocess on a free loopback port, waited for until
+    ``/health`` is 200; yields the process (stdout and stderr merged, text) and its URL,
+    and kills it on exit if it still runs.
+
+    Args:
+        args: CLI options (``--port`` is added).
+        script: Python source to run instead of ``-m server.cli`` (for test hooks); it
+            must end by calling ``server.cli.main``.
+    """
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, *(["-c", script] if script else ["-m", "server.cli"])]
+    cmd += ["--port", str(port), *args]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+
+        def healthy() -> bool:
+            assert proc.poll() is None, f"the server exited early: {proc.stdout.read()}"
+            try:
+                return httpx.get(url + "/health", timeout=5).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_for(healthy, 180, "the server to load and warm up")
+        yield proc, url
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -7,14 +7,11 @@ other requests are unaffected)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 
 import httpx
 
-from tests.ops_helpers import completion, wait_for
-from tests.test_ops_shutdown import ROOT, free_port
+from tests.ops_helpers import cli_server, completion
 
 DYING_ENGINE = """
 import sys
@@ -34,23 +31,8 @@ sys.exit(main())
 
 
 def test_engine_death_fails_the_request_and_exits_non_zero() -> None:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-c", DYING_ENGINE, "--port", str(port), "--log-level", "warning"]
-    cmd += ["--max-total-tokens", "512"]
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    try:
-
-        def healthy() -> bool:
-            assert proc.poll() is None, f"the server exited early: {proc.stdout.read()}"
-            try:
-                return httpx.get(url + "/health", timeout=5).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        wait_for(healthy, 180, "the server to load and warm up")
+    args = ["--log-level", "warning", "--max-total-tokens", "512"]
+    with cli_server(args, script=DYING_ENGINE) as (proc, url):
         model = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
         ok = httpx.post(url + "/v1/completions", json=completion(model, max_tokens=3), timeout=60)
         assert ok.status_code == 200, ok.text
@@ -65,7 +47,3 @@ def test_engine_death_fails_the_request_and_exits_non_zero() -> None:
         assert status != 0, output
         assert "engine thread died" in output, output
         assert time.monotonic() - started < 30
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()

@@ -33,16 +33,6 @@ def server(smollm: LoadedModel) -> Iterator[BackgroundServer]:
 
 
 @pytest.fixture(scope="module")
-def client(server: BackgroundServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def model(smollm: LoadedModel) -> str:
-    return smollm.model_id
-
-
-@pytest.fixture(scope="module")
 def hi_reply(client: openai.OpenAI, model: str) -> openai.types.chat.ChatCompletion:
     """The non-streamed greedy answer to HI (shared: the CPU is slow)."""
     return client.chat.completions.create(

@@ -42,17 +42,6 @@ def server(smollm: LoadedModel) -> Iterator[BackgroundServer]:
         yield srv
 
 
-@pytest.fixture(scope="module")
-def http(server: BackgroundServer) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=120) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def model(smollm: LoadedModel) -> str:
-    return smollm.model_id
-
-
 def chat(http: httpx.Client, model: str, **fields: Any) -> dict[str, Any]:
     body = {"model": model, "messages": HI, "temperature": 0, "max_tokens": 2} | fields
     response = http.post("/v1/chat/completions", json=body)

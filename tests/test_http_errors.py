@@ -37,17 +37,6 @@ def server(smollm: LoadedModel) -> Iterator[BackgroundServer]:
         yield srv
 
 
-@pytest.fixture(scope="module")
-def http(server: BackgroundServer) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=120) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def model(smollm: LoadedModel) -> str:
-    return smollm.model_id
-
-
 def assert_openai_error(
     response: httpx.Response, status: int, param: str | None = None, code: str | None = None
 ) -> dict[str, Any]:

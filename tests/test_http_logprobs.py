@@ -28,16 +28,6 @@ def server(smollm: LoadedModel) -> Iterator[BackgroundServer]:
 
 
 @pytest.fixture(scope="module")
-def client(server: BackgroundServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def model(smollm: LoadedModel) -> str:
-    return smollm.model_id
-
-
-@pytest.fixture(scope="module")
 def chat_reply(client: openai.OpenAI, model: str):
     return client.chat.completions.create(
         model=model, messages=HI, temperature=0, max_tokens=6, logprobs=True, top_logprobs=3

@@ -31,22 +31,6 @@ def server(smollm: LoadedModel) -> Iterator[BackgroundServer]:
         yield srv
 
 
-@pytest.fixture(scope="module")
-def client(server: BackgroundServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def http(server: BackgroundServer) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=120) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def model(smollm: LoadedModel) -> str:
-    return smollm.model_id
-
-
 def complete(client: openai.OpenAI, model: str, prompt: str = PROMPT, **kwargs: Any) -> str:
     kwargs = {"temperature": 0, "max_tokens": 4} | kwargs
     return client.completions.create(model=model, prompt=prompt, **kwargs).choices[0].text

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import httpx
 import jsonschema
 import numpy as np
 import openai
@@ -32,22 +31,6 @@ PERSON = [{"role": "user", "content": "Describe a person as JSON."}]
 def server(smollm: LoadedModel) -> Iterator[BackgroundServer]:
     with running_server(smollm, ENGINE_CONFIG) as srv:
         yield srv
-
-
-@pytest.fixture(scope="module")
-def client(server: BackgroundServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=300)
-
-
-@pytest.fixture(scope="module")
-def http(server: BackgroundServer) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=120) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def model(smollm: LoadedModel) -> str:
-    return smollm.model_id
 
 
 def schemas(n: int) -> list[dict[str, Any]]:
@@ -224,3 +207,14 @@ def test_invalid_constraints_are_400s_naming_the_field(http, model, fields, para
     body = {"model": model, "messages": PERSON, "max_tokens": 4} | fields
     error = assert_openai_error(http.post("/v1/chat/completions", json=body), 400, param=param)
     assert says in error["message"], error
+
+
+def test_a_grammar_the_vocabulary_cannot_spell_is_a_400(http, model) -> None:
+    # SmolLM2 has no token containing the byte 0x04: the grammar reaches a dead end at its
+    # first token. That is the request's fault: a 400, and the server keeps serving.
+    body = {"model": model, "messages": PERSON, "max_tokens": 4, "guided_regex": "\x04"}
+    error = assert_openai_error(http.post("/v1/chat/completions", json=body), 400)
+    assert error["code"] == "grammar_unsatisfiable", error
+    assert "vocabulary cannot spell" in error["message"], error
+    ok = http.post("/v1/chat/completions", json=body | {"guided_regex": "ok"})
+    assert ok.status_code == 200, ok.text

@@ -11,9 +11,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import httpx
 import jsonschema
-import openai
 import pytest
 
 from mlx_backend.loaded_model import LoadedModel
@@ -64,22 +62,6 @@ THREE = [TOOLS[0], TOOLS[5], TOOLS[9]]
 def server(smollm: LoadedModel) -> Iterator[BackgroundServer]:
     with running_server(smollm, ENGINE_CONFIG) as srv:
         yield srv
-
-
-@pytest.fixture(scope="module")
-def client(server: BackgroundServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=300)
-
-
-@pytest.fixture(scope="module")
-def http(server: BackgroundServer) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=120) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def model(smollm: LoadedModel) -> str:
-    return smollm.model_id
 
 
 def schema_of(name: str) -> dict[str, Any]:

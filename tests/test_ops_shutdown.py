@@ -4,12 +4,8 @@ process exits 0; requests still running at --shutdown-timeout end with an error 
 from __future__ import annotations
 
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,15 +13,7 @@ import httpx
 from mlx_backend.loaded_model import LoadedModel
 from scheduler.config import EngineConfig
 from server.config import ServerConfig
-from tests.ops_helpers import completion, running_server, sse_payloads, wait_for
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tests.ops_helpers import cli_server, completion, running_server, sse_payloads, wait_for
 
 
 def stream_in_thread(
@@ -50,24 +38,9 @@ def stream_in_thread(
 
 class TestSigterm:
     def test_running_stream_completes_and_exit_status_is_zero(self) -> None:
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        cmd = [sys.executable, "-m", "server.cli", "--port", str(port)]
-        cmd += ["--max-total-tokens", "256", "--max-running-requests", "2"]
-        cmd += ["--shutdown-timeout", "60", "--log-level", "warning"]
-        proc = subprocess.Popen(
-            cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-        try:
-
-            def healthy() -> bool:
-                assert proc.poll() is None, f"the server exited: {proc.stdout.read()}"
-                try:
-                    return httpx.get(url + "/health", timeout=5).status_code == 200
-                except httpx.TransportError:
-                    return False
-
-            wait_for(healthy, 180, "the server to load and warm up")
+        args = ["--max-total-tokens", "256", "--max-running-requests", "2"]
+        args += ["--shutdown-timeout", "60", "--log-level", "warning"]
+        with cli_server(args) as (proc, url):
             model = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
             body = completion(
                 model, max_tokens=8, stream=True, stream_options={"include_usage": True}
@@ -91,10 +64,6 @@ class TestSigterm:
             assert payloads[-2]["usage"]["completion_tokens"] == 8, "every token was sent"
             assert payloads[-3]["choices"][0]["finish_reason"] == "length", payloads[-3]
             assert proc.wait(60) == 0, proc.stdout.read()
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
 
 
 class TestShutdownTimeout:

@@ -37,6 +37,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from server.logprobs_format import bytes_to_unicode
+
 # Sliding window used by every sliding-window model here: prompts longer than this
 # make the rotating caches wrap.
 WINDOW = 8
@@ -592,7 +594,7 @@ def _byte_level_tokenizer_json() -> str:
 
     alphabet = ByteLevel.alphabet()
     # bytes_to_unicode order: byte b has id b.
-    byte_chars = _bytes_to_unicode()
+    byte_chars = bytes_to_unicode()
     assert sorted(byte_chars.values()) == sorted(alphabet)
     vocab = {byte_chars[b]: b for b in range(256)}
     merges: list[tuple[str, str]] = []
@@ -614,20 +616,6 @@ def _byte_level_tokenizer_json() -> str:
     assert tokenizer.token_to_id(EOS_TOKEN) == EOS_TOKEN_ID
     assert tokenizer.get_vocab_size() == VOCAB_SIZE
     return tokenizer.to_str()
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    # GPT-2's reversible byte -> printable character map used by ByteLevel.
-    bs = list(range(ord("!"), ord("~") + 1))
-    bs += list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, (chr(c) for c in cs), strict=True))
 
 
 _TOKENIZER_CONFIG = {
