@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 
+from mlx_backend.loaded_model import LoadedModel
 from scheduler.config import EngineConfig
 from server.config import ServerConfig
+from tests.ops_helpers import running_server
 
 # A small context, so that the context limit is cheap to reach (256 prompt tokens).
 CONTEXT = 256
@@ -91,3 +94,12 @@ def with_raw_value(body: dict[str, Any], field: str, raw_value: str) -> str:
     marker = "__RAW_VALUE__"
     text = json.dumps(body | {field: marker})
     return text.replace(json.dumps(marker), raw_value)
+
+
+def hostile_server_client(smollm: LoadedModel) -> Iterator[httpx.Client]:
+    """A client on a server with the hostile suites' sizes (for a module fixture to yield
+    from); afterwards the server must still be healthy and generating, and leak-free."""
+    with running_server(smollm, ENGINE_CONFIG, SERVER_CONFIG) as srv:
+        with httpx.Client(base_url=srv.url, timeout=60) as client:
+            yield client
+            assert_healthy(client)

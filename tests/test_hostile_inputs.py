@@ -22,31 +22,20 @@ from server.json_body import MAX_JSON_DEPTH
 from server.schemas import ChatCompletionRequest, CompletionRequest
 from server.tokenize_routes import DetokenizeRequest, TokenizeRequest
 from tests.hostile_helpers import (
-    ENGINE_CONFIG,
-    SERVER_CONFIG,
     assert_error_or_answer,
-    assert_healthy,
     assert_openai_error,
     chat_body,
     completion_body,
+    hostile_server_client,
     post_all,
     post_raw,
     with_raw_value,
 )
-from tests.ops_helpers import running_server
 
 
 @pytest.fixture(scope="module")
 def http(smollm: LoadedModel) -> Iterator[httpx.Client]:
-    with running_server(smollm, ENGINE_CONFIG, SERVER_CONFIG) as srv:
-        with httpx.Client(base_url=srv.url, timeout=60) as client:
-            yield client
-            assert_healthy(client)  # and still generating
-
-
-@pytest.fixture(scope="module")
-def model(smollm: LoadedModel) -> str:
-    return smollm.model_id
+    yield from hostile_server_client(smollm)
 
 
 @pytest.fixture(autouse=True)

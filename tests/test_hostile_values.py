@@ -24,31 +24,20 @@ from server.limits import check_prompt_tokens
 from server.schemas import MAX_N
 from tests.hostile_helpers import (
     CONTEXT,
-    ENGINE_CONFIG,
-    SERVER_CONFIG,
     assert_error_or_answer,
-    assert_healthy,
     assert_openai_error,
     chat_body,
     completion_body,
+    hostile_server_client,
     post_all,
     post_raw,
     with_raw_value,
 )
-from tests.ops_helpers import running_server
 
 
 @pytest.fixture(scope="module")
 def http(smollm: LoadedModel) -> Iterator[httpx.Client]:
-    with running_server(smollm, ENGINE_CONFIG, SERVER_CONFIG) as srv:
-        with httpx.Client(base_url=srv.url, timeout=60) as client:
-            yield client
-            assert_healthy(client)
-
-
-@pytest.fixture(scope="module")
-def model(smollm: LoadedModel) -> str:
-    return smollm.model_id
+    yield from hostile_server_client(smollm)
 
 
 @pytest.fixture(scope="module")
