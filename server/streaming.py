@@ -12,6 +12,7 @@ as an error object, as OpenAI does. A client that closes the stream aborts every
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 
 from fastapi.responses import StreamingResponse
@@ -36,6 +37,8 @@ from server.response_models import (
 from server.tool_stream import ParsedCall
 
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+logger = logging.getLogger(__name__)
 
 
 def _sse(data: BaseModel | dict | str) -> str:
@@ -65,6 +68,10 @@ async def _events(
     except GenerationError as e:
         # The status line (200) is already sent: report in-band, as OpenAI does.
         yield _sse(error_body(e.message, e.type, code=e.code))
+        yield _sse("[DONE]")
+    except Exception:  # noqa: BLE001 - a bug serving this request must end only its stream
+        logger.exception("stream %s failed", choices.id)
+        yield _sse(error_body("Internal error while streaming this request.", "server_error"))
         yield _sse("[DONE]")
     finally:
         # Reached also when the client disconnects (the stream is cancelled).
