@@ -51,14 +51,25 @@ def run(
     config = EngineConfig(max_total_tokens=32768, max_running_requests=requests)
     engine = Engine(loaded, config)
     engine.start()
-    steps: list[tuple[str, int, int, float]] = []  # phase, rows, padded length, seconds
+    # phase, rows, tokens fed, positions computed, forwards, seconds
+    steps: list[tuple[str, int, int, int, int, float]] = []
     forward = engine.executor.forward
 
     def timed_forward(batch: Any) -> Any:
         start = time.perf_counter()
         out = forward(batch)
-        rows, length = batch.input_ids.shape
-        steps.append((batch.phase, rows, length, time.perf_counter() - start))
+        groups = list(batch.row_groups) or [range(batch.batch_size)]
+        computed = sum(len(g) * int(batch.extend_lens[list(g)].max()) for g in groups)
+        steps.append(
+            (
+                batch.phase,
+                batch.batch_size,
+                batch.num_tokens,
+                computed,
+                len(groups),
+                time.perf_counter() - start,
+            )
+        )
         return out
 
     engine.executor.forward = timed_forward
@@ -84,7 +95,7 @@ def run(
         engine.shutdown()
     wall = time.perf_counter() - start
     prefill = [s for s in steps if s[0] == "prefill"]
-    full = [s[3] for s in steps if s[0] == "decode" and s[1] == requests]
+    full = [s[5] for s in steps if s[0] == "decode" and s[1] == requests]
     median = statistics.median(full) if full else None
     return {
         "notes": notes,
@@ -93,11 +104,13 @@ def run(
         "max_tokens": max_tokens,
         "wall_s": wall,
         "prefill_steps": len(prefill),
-        "prefill_s": sum(s[3] for s in prefill),
-        "prefill_real_tokens": sum(len(ids) for ids in prompts),
-        "prefill_padded_tokens": sum(s[1] * s[2] for s in prefill),
+        "prefill_s": sum(s[5] for s in prefill),
+        "prompt_tokens": sum(len(ids) for ids in prompts),
+        "prefill_fed_tokens": sum(s[2] for s in prefill),
+        "prefill_computed_positions": sum(s[3] for s in prefill),
+        "prefill_forwards": sum(s[4] for s in prefill),
         "decode_steps": sum(1 for s in steps if s[0] == "decode"),
-        "decode_s": sum(s[3] for s in steps if s[0] == "decode"),
+        "decode_s": sum(s[5] for s in steps if s[0] == "decode"),
         "full_batch_decode_steps": len(full),
         "full_batch_step_ms": None if median is None else median * 1e3,
         "full_batch_decode_tok_s": None if median is None else requests / median,

@@ -188,9 +188,10 @@ def markdown(results: dict[str, Any], png_name: str | None) -> str:
             f"requests submitted at once, {eng['max_tokens']} tokens each): decode step at "
             f"batch {eng['requests']} median {eng['full_batch_step_ms']:.0f} ms = "
             f"{eng['full_batch_decode_tok_s']:.1f} tok/s ({share} of the ceiling); prefill "
-            f"{eng['prefill_steps']} forwards, {eng['prefill_s']:.1f} s for "
-            f"{eng['prefill_real_tokens']} prompt tokens padded to "
-            f"{eng['prefill_padded_tokens']} positions.",
+            f"{eng['prefill_steps']} steps of {eng['prefill_forwards']} forwards, "
+            f"{eng['prefill_s']:.1f} s for {eng['prompt_tokens']} prompt tokens, of which "
+            f"{eng['prefill_fed_tokens']} were fed (the rest came from the prefix cache), "
+            f"computing {eng['prefill_computed_positions']} positions with padding.",
             "",
         ]
     lines += ["## Targets", "", "| target | measured | met |", "|---|---|---|"]

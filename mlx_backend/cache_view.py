@@ -40,8 +40,22 @@ class _SpaceIndex:
         self.k_pos = mx.array(k_pos.astype(np.int32))[:, None, None, :]
 
 
+def _space_index(
+    write: np.ndarray,
+    read: np.ndarray,
+    rows: np.ndarray,
+    L: int,
+    start: np.ndarray,
+    total: np.ndarray,
+) -> _SpaceIndex:
+    """One space's index arrays for ``rows``, trimmed to their own longest read."""
+    S = min(read.shape[1], max(1, int((total - start).max())))
+    return _SpaceIndex(write[rows, :L], read[rows, :S], start, total)
+
+
 class BatchContext:
-    """The MLX-side index arrays of one batch, shared by every layer's view.
+    """The MLX-side index arrays of one forward over ``rows`` of a batch (all rows by
+    default), shared by every layer's view.
 
     Mask semantics, for row ``b`` with ``c = cached_lens[b]``: query ``l`` sits at
     position ``c + l`` and sees a key at position ``j`` iff ``0 <= j <= c + l`` and ``j``
@@ -49,25 +63,34 @@ class BatchContext:
     Padded queries see every real key of their row, so no mask row is empty (no NaN).
     """
 
-    def __init__(self, batch: ForwardBatch) -> None:
-        L = batch.input_ids.shape[1]
-        total = (batch.cached_lens + batch.extend_lens).astype(np.int32)
-        self.offsets = mx.array(batch.cached_lens.astype(np.int32))
-        q_pos = batch.cached_lens[:, None] + np.arange(L, dtype=np.int32)[None, :]
+    def __init__(self, batch: ForwardBatch, rows: np.ndarray | None = None) -> None:
+        rows = np.arange(batch.batch_size) if rows is None else rows
+        cached = batch.cached_lens[rows].astype(np.int32)
+        total = cached + batch.extend_lens[rows].astype(np.int32)
+        # A group of rows is padded only to its own longest row and longest context.
+        L = int(batch.extend_lens[rows].max())
+        self.input_ids = mx.array(batch.input_ids[rows, :L])
+        self.offsets = mx.array(cached)
+        q_pos = cached[:, None] + np.arange(L, dtype=np.int32)[None, :]
         self._q_pos = mx.array(q_pos.astype(np.int32))[:, None, :, None]
-        zeros = np.zeros_like(total)
+        sliding_start = batch.sliding_read_start[rows].astype(np.int32)
         self.spaces = {
-            "full": _SpaceIndex(batch.write_slots, batch.read_slots, zeros, total),
-            "sliding": _SpaceIndex(
+            "full": _space_index(
+                batch.write_slots, batch.read_slots, rows, L, np.zeros_like(total), total
+            ),
+            "sliding": _space_index(
                 batch.sliding_write_slots,
                 batch.sliding_read_slots,
-                batch.sliding_read_start.astype(np.int32),
+                rows,
+                L,
+                sliding_start,
                 total,
             ),
         }
-        self.state_slots = mx.array(batch.state_slots)
-        self.all_fresh = bool(batch.fresh_rows.all())
-        self.fresh = None if not batch.fresh_rows.any() else mx.array(batch.fresh_rows)
+        self.state_slots = mx.array(batch.state_slots[rows])
+        fresh = batch.fresh_rows[rows]
+        self.all_fresh = bool(fresh.all())
+        self.fresh = None if not fresh.any() else mx.array(fresh)
         self._masks: dict[tuple[str, int | None], mx.array] = {}
 
     def mask(self, space: str, window: int | None) -> mx.array:

@@ -48,35 +48,31 @@ class Executor:
     def forward(self, batch: ForwardBatch) -> ForwardOutput:
         """Feed the batch's new tokens, write their K/V and states, sample one token per row.
 
+        The rows run as one forward per row group (``batch.row_groups``), each padded only
+        to its own longest row; their logits are put back in row order and sampled together.
+
         Returns:
             the sampled token of every row (the scheduler keeps those of ``sample_rows``),
             and the logprobs the batch's rows asked for.
         """
         self.states.copy(batch.state_copies_in)
-        ctx = BatchContext(batch)
-        caches = BatchCaches(self.layout.specs, self.kv, self.states, ctx)
-        B = batch.batch_size
-        rows = np.arange(B)
-        positions = batch.extend_lens - 1
         # Rows that asked for prompt logprobs also project their prompt positions, in the
-        # same head call as everyone's last position.
+        # same head call as their group's last positions.
         prompt_at = prompt_positions(batch)
-        if prompt_at is not None:
-            rows = np.concatenate([rows, prompt_at[0]])
-            positions = np.concatenate([positions, prompt_at[1]])
-        logits = self.logits.at(
-            mx.array(batch.input_ids),
-            caches.caches,
-            mx.array(rows.astype(np.int32)),
-            mx.array(positions.astype(np.int32)),
-        )
-        caches.write_back_states()
+        groups = batch.row_groups or (np.arange(batch.batch_size),)
+        last, prompt, prompt_entries = [], [], []
+        for rows in groups:
+            group_last, group_prompt, entries = self._forward_rows(batch, rows, prompt_at)
+            last.append(group_last)
+            if entries is not None:
+                prompt.append(group_prompt)
+                prompt_entries.append(entries)
+        last_logits = _in_order(last, groups)
         self.states.copy(batch.state_snapshots)
-        last_logits = logits[:B] if prompt_at is not None else logits
         tokens = self.sampler(last_logits, batch.sampling)
         pending = [sampled_logprobs(last_logits, tokens, batch.sampling.logprobs), None]
         if prompt_at is not None:
-            pending[1] = prompt_logprobs(logits[B:], batch, *prompt_at)
+            pending[1] = prompt_logprobs(_in_order(prompt, prompt_entries), batch, *prompt_at)
         # NOTE: the pools are evaluated together with the tokens so the scatters are
         # materialized now, not chained lazily into the next step's graph.
         extra = [a for p in pending if p is not None for a in p.arrays()]
@@ -86,3 +82,48 @@ class Executor:
             logprobs=None if pending[0] is None else pending[0].to_numpy(),
             prompt_logprobs=None if pending[1] is None else pending[1].to_numpy(),
         )
+
+    def _forward_rows(
+        self,
+        batch: ForwardBatch,
+        rows: np.ndarray,
+        prompt_at: tuple[np.ndarray, np.ndarray] | None,
+    ) -> tuple[mx.array, mx.array | None, np.ndarray | None]:
+        """One forward of ``rows``: the logits of their last positions and, when some of
+        them asked, of their prompt positions (with the indices of those entries in
+        ``prompt_at``)."""
+        ctx = BatchContext(batch, rows)
+        caches = BatchCaches(self.layout.specs, self.kv, self.states, ctx)
+        n = len(rows)
+        pick_rows = np.arange(n)
+        pick_positions = batch.extend_lens[rows] - 1
+        entries = None
+        if prompt_at is not None:
+            local = np.full(batch.batch_size, -1)
+            local[rows] = np.arange(n)
+            entries = np.nonzero(local[prompt_at[0]] >= 0)[0]
+            pick_rows = np.concatenate([pick_rows, local[prompt_at[0][entries]]])
+            pick_positions = np.concatenate([pick_positions, prompt_at[1][entries]])
+        logits = self.logits.at(
+            ctx.input_ids,
+            caches.caches,
+            mx.array(pick_rows.astype(np.int32)),
+            mx.array(pick_positions.astype(np.int32)),
+        )
+        caches.write_back_states()
+        if entries is None:
+            return logits, None, None
+        return logits[:n], logits[n:], entries
+
+
+def _in_order(parts: list[mx.array], indices) -> mx.array:  # noqa: ANN001
+    """Concatenate ``parts`` (part ``k`` holds the entries ``indices[k]``) in entry order."""
+    if len(parts) == 1:
+        # One part holds every entry; it is in order unless a single group was reordered.
+        order = np.asarray(indices[0])
+        if np.array_equal(order, np.arange(len(order))):
+            return parts[0]
+    order = np.concatenate([np.asarray(i) for i in indices])
+    inverse = np.empty_like(order)
+    inverse[order] = np.arange(len(order))
+    return mx.concatenate(parts)[mx.array(inverse.astype(np.int32))]

@@ -104,6 +104,9 @@ class ForwardBatch:
             a request resuming from a prefix-cache snapshot gets the snapshot's state.
         state_snapshots: int32 [K, 2] ``(src, dst)`` state slots copied after the forward:
             a row's state at the end of its chunk, kept by the prefix cache.
+        row_groups: the rows split into forwards of similar length (``plan_row_groups``);
+            empty means one forward of all rows. Each group is padded only to its own
+            longest row.
     """
 
     phase: Literal["prefill", "decode"]
@@ -122,6 +125,7 @@ class ForwardBatch:
     sampling: SamplingArrays
     state_copies_in: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.int32))
     state_snapshots: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.int32))
+    row_groups: tuple[np.ndarray, ...] = ()
 
     @property
     def batch_size(self) -> int:

@@ -8,6 +8,7 @@ import numpy as np
 
 from scheduler.batch import ForwardBatch
 from scheduler.request import Request
+from scheduler.row_groups import plan_row_groups
 from scheduler.sampling_arrays import build_sampling_arrays
 from scheduler.token_spaces import TokenSpace, TokenSpaces
 
@@ -61,4 +62,5 @@ def build_forward_batch(
         fresh_rows=np.array([r.cached_len == 0 for r, _ in rows]),
         sample_rows=np.array([r.cached_len + n == r.seq_len for r, n in rows]),
         sampling=build_sampling_arrays(rows, eos_token_ids),
+        row_groups=tuple(plan_row_groups(np.array([n for _, n in rows]))) if L > 1 else (),
     )

@@ -33,7 +33,7 @@ class Scheduler:
     """Waiting queue, running set, and the slot bookkeeping behind them.
 
     A step is a prefill step (new requests and next chunks of long prompts, packed up to
-    ``max_prefill_tokens``) or a decode step (one token for every running request whose
+    ``max_prefill_tokens`` real tokens) or a decode step (one token for every running request whose
     prompt is fully in the pool). While both kinds of work exist the two alternate, so a
     long prompt arriving never stalls running streams for more than one chunk.
 
@@ -176,22 +176,24 @@ class Scheduler:
         """Tokens the next row may feed in this prefill step: 0 to skip the row, None when
         the step is full.
 
-        The budget counts *padded* positions (rows x longest chunk): that is what the
-        forward computes. A row longer than the current width is cut to it (the rest
-        follows in later chunks) rather than widening every row. With recurrent layers the
-        first row fixes the width and shorter rows wait (no padding may enter a state).
+        The budget counts real tokens: the executor runs rows of different lengths as
+        separate forwards (``plan_row_groups``), so a short row costs its own length, not
+        the longest row's. A row longer than what is left is cut (the rest follows in
+        later chunks). With recurrent layers the first row fixes the width and shorter rows
+        wait (no padding may enter a state).
         """
         budget = self.config.max_prefill_tokens
         if not rows:
             return min(wanted, budget) or None
-        width = max(n for _, n in rows)
-        if (len(rows) + 1) * width > budget:
-            return None
         if self.plan.recurrent:
+            width = rows[0][1]
+            if (len(rows) + 1) * width > budget:
+                return None
             return width if wanted >= width else 0
-        if wanted > width and (len(rows) + 1) * wanted <= budget:
-            return wanted
-        return min(wanted, width)
+        left = budget - sum(n for _, n in rows)
+        if left <= 0:
+            return None
+        return min(wanted, left)
 
     def _admit(self, req: Request, found) -> bool:
         """Give a waiting request its row (and state slot) and start it from the cached

@@ -108,6 +108,19 @@ def submit(engine: Engine, collector: Collector, rid: str, prompt, **params) -> 
     engine.add_request(rid, prompt, SamplingParams(**params), collector.callback(rid))
 
 
+def spy_row_groups(engine) -> list[int]:
+    """Record how many forwards each step of ``engine`` ran (its batch's row groups)."""
+    seen: list[int] = []
+    forward = engine.executor.forward
+
+    def recording(batch):
+        seen.append(max(1, len(batch.row_groups)))
+        return forward(batch)
+
+    engine.executor.forward = recording
+    return seen
+
+
 @pytest.fixture(scope="session")
 def tiny_llama() -> LoadedModel:
     return make_tiny_llama()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import Collector, greedy_reference, submit
+from tests.conftest import Collector, greedy_reference, spy_row_groups, submit
 
 PROMPTS = [
     [1, 2, 3, 4, 5],
@@ -57,6 +57,18 @@ class TestChunkedPrefill:
         outputs, _ = run_all(engine, PROMPTS, late_index=2)
         for i, (got, want) in enumerate(zip(outputs, references, strict=True)):
             assert got == want, f"request {i} chunked by 3: {got} != {want}"
+
+
+class TestRowGroups:
+    def test_mixed_lengths_run_as_separate_forwards_and_match(self, tiny_llama, make_engine):
+        prompts = [[(3 * i + k) % 250 + 1 for i in range(n)] for k, n in enumerate([2, 60, 3, 45])]
+        refs = [greedy_reference(tiny_llama.model, p, MAX_TOKENS) for p in prompts]
+        engine = make_engine(tiny_llama, max_total_tokens=1024, max_prefill_tokens=256)
+        groups = spy_row_groups(engine)
+        outputs, _ = run_all(engine, prompts)
+        assert max(groups) > 1, f"the prefill was meant to be split, got groups {groups}"
+        for i, (got, want) in enumerate(zip(outputs, refs, strict=True)):
+            assert got == want, f"request {i} ({len(prompts[i])} tokens): {got} != {want}"
 
 
 class TestPreemption:

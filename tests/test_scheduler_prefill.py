@@ -1,5 +1,6 @@
-"""Prefill packing on the numpy side alone: padded area within budget, chunking, and equal
-row lengths for recurrent models. No model runs here: each step's tokens are faked."""
+"""Prefill packing on the numpy side alone: tokens within budget, rows grouped by length,
+chunking, and equal row lengths for recurrent models. No model runs here: each step's tokens
+are faked."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from scheduler.batch import ForwardOutput
 from scheduler.config import EngineConfig
 from scheduler.memory_plan import MemoryPlan
 from scheduler.request import Request
+from scheduler.row_groups import FORWARD_OVERHEAD_TOKENS, padded_area, plan_row_groups
 from scheduler.sampling_params import SamplingParams
 from scheduler.scheduler import Scheduler
 
@@ -43,14 +45,20 @@ def drain(sched: Scheduler, max_steps: int = 500) -> list:
 
 class TestPrefillPacking:
     @pytest.mark.parametrize("seed", range(5))
-    def test_padded_area_never_exceeds_the_budget(self, seed):
+    def test_tokens_within_budget_and_groups_cover_every_row(self, seed):
         rng = np.random.default_rng(seed)
         sched = make_scheduler(budget=64)
         add(sched, rng.integers(1, 150, size=12).tolist())
         for batch in drain(sched):
-            if batch.phase == "prefill":
-                area = batch.input_ids.shape[0] * batch.input_ids.shape[1]
-                assert area <= 64, f"prefill computes {batch.input_ids.shape} > budget 64"
+            if batch.phase != "prefill":
+                continue
+            assert batch.num_tokens <= 64, f"prefill feeds {batch.num_tokens} > budget 64"
+            rows = np.sort(np.concatenate(batch.row_groups))
+            assert rows.tolist() == list(range(batch.batch_size)), "groups miss or repeat rows"
+            # Grouping never costs more than one forward per row would.
+            area = padded_area(batch.extend_lens, list(batch.row_groups))
+            overhead = FORWARD_OVERHEAD_TOKENS * (len(batch.row_groups) - batch.batch_size)
+            assert area <= batch.num_tokens - overhead
         sched.check_integrity()
 
     def test_long_prompt_is_chunked_and_completes(self):
@@ -64,7 +72,43 @@ class TestPrefillPacking:
         sched = make_scheduler(budget=64)
         add(sched, [8, 8, 8, 8])
         first = sched.schedule()
-        assert first.batch_size == 4, "four 8-token prompts fit one 64-position prefill"
+        assert first.batch_size == 4, "four 8-token prompts fit one 64-token prefill"
+        assert len(first.row_groups) == 1, "equal rows run as one forward"
+
+    def test_rows_are_not_cut_to_the_first_rows_width(self):
+        sched = make_scheduler(budget=64)
+        add(sched, [8, 40])
+        first = sched.schedule()
+        assert first.extend_lens.tolist() == [8, 40]
+
+
+class TestRowGroups:
+    def test_equal_lengths_make_one_group(self):
+        assert [g.tolist() for g in plan_row_groups(np.full(5, 30))] == [[0, 1, 2, 3, 4]]
+
+    def test_far_apart_lengths_split(self):
+        groups = plan_row_groups(np.array([10, 200, 12, 190]))
+        assert [sorted(g.tolist()) for g in groups] == [[1, 3], [0, 2]]
+
+    def test_close_lengths_stay_together(self):
+        # Splitting would save 4 padded positions but cost a whole forward.
+        assert len(plan_row_groups(np.array([100, 98, 96]))) == 1
+
+    @pytest.mark.parametrize("seed", range(20))
+    def test_plan_is_optimal_among_contiguous_splits(self, seed):
+        rng = np.random.default_rng(seed)
+        lens = rng.integers(1, 300, size=int(rng.integers(1, 9)))
+        groups = plan_row_groups(lens)
+        cost = padded_area(lens, groups) + FORWARD_OVERHEAD_TOKENS * len(groups)
+        ordered = np.sort(lens)[::-1]
+        B = len(lens)
+        for mask in range(1 << (B - 1)):  # every split of the sorted rows
+            cuts = [0] + [i + 1 for i in range(B - 1) if mask >> i & 1] + [B]
+            brute = sum(
+                (b - a) * int(ordered[a]) + FORWARD_OVERHEAD_TOKENS
+                for a, b in zip(cuts[:-1], cuts[1:], strict=True)
+            )
+            assert cost <= brute
 
 
 class TestRecurrentPrefill:
