@@ -382,7 +382,11 @@ def notes(args: argparse.Namespace) -> list[str]:
         "full run).",
         "mlx_lm.server keeps its LRU prompt cache (10 entries by default), which reuses the "
         "chat template's shared system-prompt prefix (about 30 tokens) across requests; "
-        "mlxserve has no prefix cache yet.",
+        "mlxserve's radix prefix cache shares it too, also between requests of one burst.",
+        "Both servers start OpenBLAS with one thread per CPU (unless OPENBLAS_NUM_THREADS is "
+        "set). mlxserve lowers the count while other processes keep CPUs busy "
+        "(mlx_backend/blas_threads.py); mlx_lm.server keeps it. On an idle machine both "
+        "use every CPU.",
         "`--prompt-concurrency 32` (its default is 8) lets mlx_lm.server prefill as many "
         "prompts per step as mlxserve may; at concurrency 16 both settings gave the same "
         "throughput and TTFT within 10%.",

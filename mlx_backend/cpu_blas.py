@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,6 +94,7 @@ class BlasStatus:
 _lock = threading.Lock()
 _status: BlasStatus | None = None
 _shim: ctypes.CDLL | None = None  # set only when our own shim is loaded (it has the counter)
+_user_threads = False  # the user set OPENBLAS_NUM_THREADS (or GOTO_/OMP_): never change it
 _blas: ctypes.CDLL | None = None  # kept referenced so the library is never unloaded
 
 
@@ -112,8 +114,8 @@ def enable_fast_blas() -> BlasStatus:
     ``MLXSERVE_BLAS=off`` disables this; ``MLXSERVE_BLAS=/path/lib.so`` preloads that library
     instead of the shim (it must export plain ``cblas_sgemm``, e.g. Debian's libopenblas.so.0).
     Unless ``OPENBLAS_NUM_THREADS`` (or ``GOTO_``/``OMP_NUM_THREADS``) is set, OpenBLAS gets
-    one thread less than the CPUs this process may use, at least 1 (see
-    :func:`_default_thread_count`).
+    one thread per CPU this process may use, and the engine adapts the count to what other
+    processes leave free (see :func:`_default_thread_count`).
 
     Returns:
         The :class:`BlasStatus`; the same object on every later call.
@@ -173,6 +175,8 @@ def _enable() -> BlasStatus:
             f"loaded {what} but mlx.core was imported first and keeps the reference BLAS; "
             "call enable_fast_blas() before any mlx import",
         )
+    if _shim is not None and not _user_threads:
+        threads += " (fewer while other processes keep CPUs busy)"
     return BlasStatus(
         True, path, f"{what}, OpenBLAS threads: {threads}" + (" (late)" if late else "")
     )
@@ -225,17 +229,36 @@ def _default_thread_count() -> None:
     """Set ``OPENBLAS_NUM_THREADS`` unless the user chose a count; OpenBLAS reads it at load.
 
     MLX runs its CPU ops on one stream thread, and that thread is the one calling sgemm, so
-    OpenBLAS's threads are MLX's only compute threads. But an OpenBLAS gemm waits for all its
-    threads: when any of them is not scheduled at once (the server's own Python threads, or
-    other processes, want a core) every gemm stalls for a scheduler tick. Measured on a busy
-    2-CPU VM: 2 threads decode at 0.4-3 tok/s where 1 thread does 5-6, and 5-21 vs 44-71 tok/s
-    at batch 32. So one CPU is left free for everything else.
+    OpenBLAS's threads are MLX's only compute threads. OpenBLAS starts one per CPU; the engine
+    then lowers and raises the count as other processes take and free CPUs
+    (:mod:`mlx_backend.blas_threads`), because an OpenBLAS gemm waits for all its threads and
+    one that is not scheduled stalls it. Measured on this 2-CPU VM (SmolLM2, 32 requests,
+    ``bench/engine_steps.py``): idle, 2 threads prefill in 19.6 s and decode a batch-32 step in
+    540 ms where 1 thread takes 26.6 s and 651 ms; with one other busy process, 2 threads take
+    44.3 s and 1,307 ms while 1 thread stays at 27.1 s and 654 ms.
     """
-    if any(
+    global _user_threads
+    _user_threads = any(
         os.environ.get(k) for k in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
-    ):
-        return
-    os.environ["OPENBLAS_NUM_THREADS"] = str(max(1, _cpu_count() - 1))
+    )
+    if not _user_threads:
+        os.environ["OPENBLAS_NUM_THREADS"] = str(_cpu_count())
+
+
+def adaptive_thread_control() -> tuple[int, Callable[[int], None]] | None:
+    """``(CPUs, set_threads)`` when the engine may change OpenBLAS's thread count: our shim is
+    active and the user did not fix the count (``OPENBLAS_NUM_THREADS`` and the like).
+    ``None`` otherwise."""
+    status = _status
+    if _shim is None or _user_threads or status is None or not status.active:
+        return None
+    try:
+        fn = _shim.scipy_openblas_set_num_threads
+    except AttributeError:
+        return None
+    fn.argtypes = [ctypes.c_int]
+    fn.restype = None
+    return _cpu_count(), lambda n: fn(int(n))
 
 
 def _openblas_threads(shim: ctypes.CDLL | None) -> str | None:

@@ -8,7 +8,9 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from mlx_backend.blas_threads import AdaptiveBlasThreads
 from mlx_backend.cache_view import BatchCaches, BatchContext
+from mlx_backend.cpu_blas import adaptive_thread_control
 from mlx_backend.kv_pool import KVPool, StatePool
 from mlx_backend.layer_layout import LayerLayout, probe_layout
 from mlx_backend.logits import LastTokenLogits, vocab_size
@@ -44,6 +46,8 @@ class Executor:
         self.sampler = Sampler(seed)
         self.logits = LastTokenLogits(model)
         self.vocab_size = vocab_size(model)
+        control = adaptive_thread_control()
+        self.blas_threads = None if control is None else AdaptiveBlasThreads(*control)
 
     def forward(self, batch: ForwardBatch) -> ForwardOutput:
         """Feed the batch's new tokens, write their K/V and states, sample one token per row.
@@ -55,6 +59,8 @@ class Executor:
             the sampled token of every row (the scheduler keeps those of ``sample_rows``),
             and the logprobs the batch's rows asked for.
         """
+        if self.blas_threads is not None:
+            self.blas_threads.update()
         self.states.copy(batch.state_copies_in)
         # Rows that asked for prompt logprobs also project their prompt positions, in the
         # same head call as their group's last positions.
