@@ -175,8 +175,6 @@ def _enable() -> BlasStatus:
             f"loaded {what} but mlx.core was imported first and keeps the reference BLAS; "
             "call enable_fast_blas() before any mlx import",
         )
-    if _shim is not None and not _user_threads:
-        threads += " (fewer while other processes keep CPUs busy)"
     return BlasStatus(
         True, path, f"{what}, OpenBLAS threads: {threads}" + (" (late)" if late else "")
     )

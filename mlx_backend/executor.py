@@ -48,6 +48,11 @@ class Executor:
         self.vocab_size = vocab_size(model)
         control = adaptive_thread_control()
         self.blas_threads = None if control is None else AdaptiveBlasThreads(*control)
+        if self.blas_threads is not None:
+            logger.info(
+                "OpenBLAS threads: %d, fewer while other processes keep CPUs busy",
+                self.blas_threads.threads,
+            )
 
     def forward(self, batch: ForwardBatch) -> ForwardOutput:
         """Feed the batch's new tokens, write their K/V and states, sample one token per row.
