@@ -245,9 +245,24 @@ def write_docs(results: dict[str, Any], md_path: Path, png_path: Path | None) ->
     if png_path is not None and chart(results, png_path):
         written.append(png_path)
         png_name = png_path.name
-    md_path.write_text(markdown(results, png_name))
+    text = markdown(results, png_name)
+    if md_path.is_file():
+        text = text.rstrip("\n") + "\n" + _other_sections(md_path.read_text(), text)
+    md_path.write_text(text)
     written.insert(0, md_path)
     return written
+
+
+def _other_sections(old: str, new: str) -> str:
+    """The ``## `` sections of ``old`` that ``new`` does not have (the prefix-cache and
+    grammar sections other benchmarks wrote), in their order."""
+    headings = {line for line in new.splitlines() if line.startswith("## ")}
+    kept = []
+    for part in ("\n" + old).split("\n## ")[1:]:
+        heading = "## " + part.splitlines()[0]
+        if heading not in headings:
+            kept.append("\n## " + part.rstrip("\n") + "\n")
+    return "".join(kept)
 
 
 def main(argv: list[str] | None = None) -> int:

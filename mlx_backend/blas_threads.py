@@ -19,8 +19,12 @@ from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
 
-# Other processes' CPU use (in CPUs) still treated as an idle machine: daemons, the shell.
-IDLE_OTHERS = 0.25
+# Other processes' CPU use (in CPUs) that still leaves every thread worth having. Measured on
+# the 2-CPU VM, batch-32 decode step with 2 threads vs 1: a benchmark client using 0.3 CPU,
+# 2 threads still decoded faster (mlx_lm.server, fixed at 2: 59.9 vs our 49.2 tok/s after we
+# dropped to 1); a neighbour using 0.5 CPU, 731 vs 654 ms (prefill even); 1.0 CPU, 1,307 vs
+# 654 ms.
+IDLE_OTHERS = 0.4
 # Seconds between two looks at the CPU counters.
 INTERVAL_S = 1.0
 # Consecutive quiet intervals before threads are added back (removing them is immediate).
