@@ -27,8 +27,10 @@ logger = logging.getLogger(__name__)
 IDLE_OTHERS = 0.4
 # Seconds between two looks at the CPU counters.
 INTERVAL_S = 1.0
-# Consecutive quiet intervals before threads are added back (removing them is immediate).
-QUIET_INTERVALS_TO_GROW = 3
+# Seconds other processes must stay quiet before threads are added back (removing them is
+# immediate). Counted in measured seconds, not looks: the counters are read only between
+# forwards, and one prefill forward may take many seconds.
+QUIET_S_TO_GROW = 3.0
 
 
 def cpu_seconds() -> tuple[float, float] | None:
@@ -75,7 +77,7 @@ class AdaptiveBlasThreads:
         self._clock = clock
         self._last = sample()
         self._last_t = clock()
-        self._quiet = 0
+        self._quiet_s = 0.0
         if self._last is None:
             # Blind: keep one CPU for everything else, as a fixed count would.
             self._apply(max(1, cpus - 1), "cannot read /proc/stat")
@@ -97,15 +99,15 @@ class AdaptiveBlasThreads:
         others = max(0.0, (busy - ours) / elapsed)
         target = max(1, min(self.cpus, self.cpus - math.ceil(others - IDLE_OTHERS)))
         if target < self.threads:
-            self._quiet = 0
+            self._quiet_s = 0.0
             self._apply(target, f"other processes use {others:.1f} CPUs")
         elif target > self.threads:
-            self._quiet += 1
-            if self._quiet >= QUIET_INTERVALS_TO_GROW:
-                self._quiet = 0
+            self._quiet_s += elapsed
+            if self._quiet_s >= QUIET_S_TO_GROW:
+                self._quiet_s = 0.0
                 self._apply(target, f"other processes use {others:.1f} CPUs")
         else:
-            self._quiet = 0
+            self._quiet_s = 0.0
 
     def _apply(self, threads: int, why: str) -> None:
         logger.info("OpenBLAS threads %d -> %d: %s", self.threads, threads, why)

@@ -12,7 +12,7 @@ import pytest
 
 from mlx_backend.blas_threads import (
     INTERVAL_S,
-    QUIET_INTERVALS_TO_GROW,
+    QUIET_S_TO_GROW,
     AdaptiveBlasThreads,
     cpu_seconds,
 )
@@ -61,13 +61,26 @@ class TestAdaptiveBlasThreads:
         m.run(INTERVAL_S, others=2.0)
         policy.update()
         assert policy.threads == 2
-        for i in range(QUIET_INTERVALS_TO_GROW - 1):
+        quiet = 0.0
+        while quiet + INTERVAL_S < QUIET_S_TO_GROW:
             m.run(INTERVAL_S, others=0.0)
             policy.update()
-            assert policy.threads == 2, f"grew after {i + 1} quiet second(s)"
+            quiet += INTERVAL_S
+            assert policy.threads == 2, f"grew after {quiet} quiet second(s)"
         m.run(INTERVAL_S, others=0.0)
         policy.update()
         assert policy.threads == 4 and m.applied == [2, 4]
+
+    def test_one_long_quiet_forward_counts_its_seconds(self):
+        """The counters are read between forwards: a 17 s prefill with nobody else busy is
+        17 quiet seconds, not one look."""
+        m = FakeMachine()
+        policy = m.policy(2)
+        m.run(INTERVAL_S, others=1.0)
+        policy.update()
+        m.run(17.0, others=0.0)
+        policy.update()
+        assert policy.threads == 2
 
     def test_a_noisy_second_restarts_the_quiet_count(self):
         m = FakeMachine()
@@ -77,7 +90,7 @@ class TestAdaptiveBlasThreads:
         for others in [0.0, 0.0, 0.9, 0.0, 0.0]:
             m.run(INTERVAL_S, others=others)
             policy.update()
-        assert policy.threads == 1, "three quiet seconds in a row are needed"
+        assert policy.threads == 1, "the quiet seconds must be in a row"
 
     def test_never_below_one_thread(self):
         m = FakeMachine()
