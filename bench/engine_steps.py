@@ -40,10 +40,13 @@ def run(
 ) -> dict[str, Any]:
     """Serve ``requests`` prompts through the engine and summarize its forward times."""
     notes = [_env.enable_blas()]
+    import numpy as np
+
     from bench.corpus import make_prompts
     from mlx_backend.loader import load_model
     from scheduler.config import EngineConfig
     from scheduler.engine import Engine
+    from scheduler.row_groups import padded_area
     from scheduler.sampling_params import SamplingParams
 
     loaded = load_model(model_spec)
@@ -58,8 +61,8 @@ def run(
     def timed_forward(batch: Any) -> Any:
         start = time.perf_counter()
         out = forward(batch)
-        groups = list(batch.row_groups) or [range(batch.batch_size)]
-        computed = sum(len(g) * int(batch.extend_lens[list(g)].max()) for g in groups)
+        groups = list(batch.row_groups) or [np.arange(batch.batch_size)]
+        computed = padded_area(batch.extend_lens, groups)
         steps.append(
             (
                 batch.phase,

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-# The fixed cost of one more forward, in prefill tokens (SmolLM2-135M float32, one OpenBLAS
-# thread: a 1-token forward takes ~150 ms, a prefill token ~9 ms).
+# The fixed cost of one more forward, in prefill tokens (SmolLM2-135M float32 on this 2-CPU
+# VM: a 1-token forward takes ~150 ms and a prefill token ~9 ms with one OpenBLAS thread,
+# ~115 ms and ~6.5 ms with two).
 FORWARD_OVERHEAD_TOKENS = 16
 
 

@@ -33,9 +33,10 @@ class Scheduler:
     """Waiting queue, running set, and the slot bookkeeping behind them.
 
     A step is a prefill step (new requests and next chunks of long prompts, packed up to
-    ``max_prefill_tokens`` real tokens) or a decode step (one token for every running request whose
-    prompt is fully in the pool). While both kinds of work exist the two alternate, so a
-    long prompt arriving never stalls running streams for more than one chunk.
+    ``max_prefill_tokens`` real tokens) or a decode step (one token for every running
+    request whose prompt is fully in the pool). While both kinds of work exist the two
+    alternate, so a long prompt arriving never stalls running streams for more than one
+    chunk.
 
     For models with recurrent layers every row of a prefill step feeds the same number of
     tokens: a padding token must never enter a recurrent state, and unmodified model code
