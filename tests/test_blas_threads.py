@@ -38,6 +38,11 @@ class FakeMachine:
             cpus, self.applied.append, lambda: (self.busy, self.ours), lambda: self.now
         )
 
+    def step(self, policy: AdaptiveBlasThreads, seconds: float, others: float) -> None:
+        """``seconds`` of one forward while others use ``others`` CPUs, then a look."""
+        self.run(seconds, others)
+        policy.update()
+
 
 class TestAdaptiveBlasThreads:
     def test_idle_machine_keeps_every_cpu(self):
@@ -51,24 +56,20 @@ class TestAdaptiveBlasThreads:
     def test_a_busy_process_takes_a_thread_at_once(self):
         m = FakeMachine()
         policy = m.policy(2)
-        m.run(INTERVAL_S, others=1.0)
-        policy.update()
+        m.step(policy, INTERVAL_S, others=1.0)
         assert policy.threads == 1 and m.applied == [1]
 
     def test_threads_come_back_only_after_quiet_seconds(self):
         m = FakeMachine()
         policy = m.policy(4)
-        m.run(INTERVAL_S, others=2.0)
-        policy.update()
+        m.step(policy, INTERVAL_S, others=2.0)
         assert policy.threads == 2
         quiet = 0.0
         while quiet + INTERVAL_S < QUIET_S_TO_GROW:
-            m.run(INTERVAL_S, others=0.0)
-            policy.update()
+            m.step(policy, INTERVAL_S, others=0.0)
             quiet += INTERVAL_S
             assert policy.threads == 2, f"grew after {quiet} quiet second(s)"
-        m.run(INTERVAL_S, others=0.0)
-        policy.update()
+        m.step(policy, INTERVAL_S, others=0.0)
         assert policy.threads == 4 and m.applied == [2, 4]
 
     def test_one_long_quiet_forward_counts_its_seconds(self):
@@ -76,34 +77,28 @@ class TestAdaptiveBlasThreads:
         17 quiet seconds, not one look."""
         m = FakeMachine()
         policy = m.policy(2)
-        m.run(INTERVAL_S, others=1.0)
-        policy.update()
-        m.run(17.0, others=0.0)
-        policy.update()
+        m.step(policy, INTERVAL_S, others=1.0)
+        m.step(policy, 17.0, others=0.0)
         assert policy.threads == 2
 
     def test_a_noisy_second_restarts_the_quiet_count(self):
         m = FakeMachine()
         policy = m.policy(2)
-        m.run(INTERVAL_S, others=1.0)
-        policy.update()
+        m.step(policy, INTERVAL_S, others=1.0)
         for others in [0.0, 0.0, 0.9, 0.0, 0.0]:
-            m.run(INTERVAL_S, others=others)
-            policy.update()
+            m.step(policy, INTERVAL_S, others=others)
         assert policy.threads == 1, "the quiet seconds must be in a row"
 
     def test_never_below_one_thread(self):
         m = FakeMachine()
         policy = m.policy(2)
-        m.run(INTERVAL_S, others=5.0)
-        policy.update()
+        m.step(policy, INTERVAL_S, others=5.0)
         assert policy.threads == 1
 
     def test_counters_are_read_at_most_once_an_interval(self):
         m = FakeMachine()
         policy = m.policy(2)
-        m.run(INTERVAL_S / 10, others=2.0)
-        policy.update()
+        m.step(policy, INTERVAL_S / 10, others=2.0)
         assert policy.threads == 2, "a tenth of a second is not a measurement"
 
     def test_unreadable_counters_keep_one_cpu_free(self):
