@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from server.stop_strings import partial_suffix_len
+
 THINK_START = "<think>"
 THINK_END = "</think>"
 
@@ -45,14 +47,6 @@ def prompt_opens_reasoning(prompt_text: str) -> bool:
     """Whether the rendered prompt ends inside an unclosed ``<think>`` (the template opened
     the reasoning, so the output starts in it)."""
     return prompt_text.rfind(THINK_START) > prompt_text.rfind(THINK_END)
-
-
-def _partial_tag(text: str, tag: str) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of ``tag``."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[-n:]):
-            return n
-    return 0
 
 
 class ReasoningSplitter:
@@ -127,7 +121,7 @@ class ReasoningSplitter:
                 self._state = self._CONTENT_START
                 return buf[end + len(THINK_END) :]
             # Hold what may still be "</think>", and the whitespace just before it.
-            keep = len(buf) - _partial_tag(buf, THINK_END)
+            keep = len(buf) - partial_suffix_len(buf, (THINK_END,))
             keep = len(buf[:keep].rstrip())
             reasoning.append(buf[:keep])
             self._held = buf[keep:]

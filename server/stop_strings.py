@@ -33,7 +33,6 @@ class StopMatcher:
         self._held = ""
         self.stopped = False
         # The longest tail worth holding: one char less than the longest stop.
-        self._max_hold = max((len(s) for s in self.stops), default=1) - 1
 
     def feed(self, text: str) -> str:
         """Add the next piece of generated text.
@@ -54,7 +53,7 @@ class StopMatcher:
             self.stopped = True
             self._held = ""
             return buf[:match]
-        hold = self._partial_tail(buf)
+        hold = partial_suffix_len(buf, self.stops)
         self._held = buf[len(buf) - hold :] if hold else ""
         return buf[: len(buf) - hold]
 
@@ -69,10 +68,13 @@ class StopMatcher:
         hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
         return min(hits) if hits else None
 
-    def _partial_tail(self, buf: str) -> int:
-        """Length of the longest suffix of ``buf`` that is a proper prefix of some stop."""
-        for n in range(min(self._max_hold, len(buf)), 0, -1):
-            tail = buf[-n:]
-            if any(s.startswith(tail) for s in self.stops):
-                return n
-        return 0
+
+def partial_suffix_len(text: str, markers: Sequence[str]) -> int:
+    """Length of the longest suffix of ``text`` (shorter than the longest marker) that a
+    marker starts with: the text to hold back while streaming, because the next chunk may
+    complete the marker."""
+    for n in range(min(max((len(m) for m in markers), default=1) - 1, len(text)), 0, -1):
+        tail = text[-n:]
+        if any(m.startswith(tail) for m in markers):
+            return n
+    return 0

@@ -23,6 +23,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from server.stop_strings import partial_suffix_len
 from server.tool_parsers import ToolFormat
 
 logger = logging.getLogger(__name__)
@@ -65,14 +66,6 @@ def parse_calls(fmt: ToolFormat, text: str, tools: list[dict[str, Any]] | None) 
             raise ValueError("tool call arguments must be a JSON object")
         out.append(ParsedCall(name, json.dumps(arguments, ensure_ascii=False)))
     return out
-
-
-def _partial_marker(text: str, marker: str) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of ``marker``."""
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if marker.startswith(text[-n:]):
-            return n
-    return 0
 
 
 class ToolCallSplitter:
@@ -136,7 +129,7 @@ class ToolCallSplitter:
             self._in_call = True
             self._after_call = False
             return buf[at + len(start) :]
-        keep = len(buf) - _partial_marker(buf, start)
+        keep = len(buf) - partial_suffix_len(buf, (start,))
         keep = len(buf[:keep].rstrip())  # whitespace before a call is dropped: hold it
         if buf[:keep]:
             self._after_call = False
