@@ -8,7 +8,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import ArraysCache, CacheList
 
-from mlx_backend.kv_pool import KVPool, StatePool
+from mlx_backend.kv_pool import FlatRows, KVPool, StatePool
 from mlx_backend.layer_layout import CacheSpec
 from scheduler.batch import ForwardBatch
 
@@ -32,8 +32,8 @@ class _SpaceIndex:
     absolute position of every gathered key (``-1`` for padding columns)."""
 
     def __init__(self, write: np.ndarray, read: np.ndarray, start: np.ndarray, total: np.ndarray):
-        self.write = mx.array(write.reshape(-1))
-        self.read = mx.array(read)
+        self.write = FlatRows(write.reshape(-1))
+        self.read = FlatRows(read)
         cols = np.arange(read.shape[1], dtype=np.int32)[None, :]
         k_pos = start[:, None] + cols
         k_pos = np.where(k_pos < total[:, None], k_pos, -1)
