@@ -143,11 +143,17 @@ def run_ceiling(args: argparse.Namespace, levels: list[int]) -> dict[str, Any]:
     return json.loads(out.read_text())
 
 
-def run_engine_steps(args: argparse.Namespace, batch: int) -> dict[str, Any]:
-    """mlxserve's engine without HTTP (:mod:`bench.engine_steps`) in a subprocess."""
-    out = args.out_dir / "engine_steps.json"
+def run_engine_steps(
+    args: argparse.Namespace, batch: int, equal_prompt_tokens: int | None = None
+) -> dict[str, Any]:
+    """mlxserve's engine without HTTP (:mod:`bench.engine_steps`) in a subprocess, on the
+    corpus's prompts or on the ceiling's ``equal_prompt_tokens``-token ones."""
+    name = f"engine_steps_equal{equal_prompt_tokens}" if equal_prompt_tokens else "engine_steps"
+    out = args.out_dir / f"{name}.json"
     cmd = [PY, "-m", "bench.engine_steps", "--model", str(args.model), "--requests", str(batch)]
     cmd += ["--max-tokens", str(args.ceiling_steps or args.max_tokens), "--json", str(out)]
+    if equal_prompt_tokens:
+        cmd += ["--equal-prompt-tokens", str(equal_prompt_tokens)]
     cmd += ["--timeout", str(args.time_cap * 2)]
     print(f"[compare] {shlex.join(cmd)}", flush=True)
     subprocess.run(cmd, cwd=ROOT, check=False, timeout=args.time_cap * 2 + 120)
@@ -344,7 +350,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.ceiling:
         results["ceiling"] = run_ceiling(args, args.concurrency)
     if args.engine_steps:
-        results["engine_steps"] = run_engine_steps(args, max(args.concurrency))
+        batch = max(args.concurrency)
+        results["engine_steps"] = run_engine_steps(args, batch)
+        ceiling_rows = results.get("ceiling", {}).get("results", [])
+        if ceiling_rows:
+            equal = ceiling_rows[0]["prompt_tokens"]
+            results["engine_steps_equal"] = run_engine_steps(args, batch, equal)
     try:
         sweep(args, args.concurrency, results)
     finally:

@@ -4,7 +4,10 @@ Loads the model as mlxserve does, starts a ``scheduler.engine.Engine``, submits 
 greedy corpus prompts at once and times every ``executor.forward`` call. The median decode
 step at the full batch, set against :mod:`bench.forward_ceiling`, says how much of the gap
 to the ceiling is the engine's (slot-pool gathers, masks, sampling, scheduling) rather than
-the HTTP layer's. Example::
+the HTTP layer's. With ``--equal-prompt-tokens N`` the prompts are the ceiling's own (``N``
+random token ids per row, from the same generator, decoded with ``ignore_eos``): the step
+then differs from the ceiling's only by the engine, while the corpus's prompts of mixed
+lengths also make every decode step attend over the longest row's context. Example::
 
     .venv/bin/python -m bench.engine_steps --model /tmp/smollm2-mlx --requests 32 --max-tokens 32
 """
@@ -36,13 +39,20 @@ def _prompt_ids(tokenizer: Any, prompt: str) -> list[int]:
 
 
 def run(
-    model_spec: str | None, requests: int, max_tokens: int, seed: int, timeout_s: float
+    model_spec: str | None,
+    requests: int,
+    max_tokens: int,
+    seed: int,
+    timeout_s: float,
+    equal_prompt_tokens: int | None = None,
 ) -> dict[str, Any]:
-    """Serve ``requests`` prompts through the engine and summarize its forward times."""
+    """Serve ``requests`` prompts through the engine and summarize its forward times
+    (corpus prompts, or the ceiling's ``equal_prompt_tokens``-token ones)."""
     notes = [_env.enable_blas()]
     import numpy as np
 
     from bench.corpus import make_prompts
+    from bench.forward_ceiling import prompt_ids as ceiling_prompt_ids
     from mlx_backend.loader import load_model
     from scheduler.config import EngineConfig
     from scheduler.engine import Engine
@@ -87,8 +97,12 @@ def run(
                 if left[0] == 0:
                     done.set()
 
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-    prompts = [_prompt_ids(loaded.tokenizer, p) for p in make_prompts(seed, requests)]
+    if equal_prompt_tokens:
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        prompts = ceiling_prompt_ids(requests, equal_prompt_tokens)
+    else:
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+        prompts = [_prompt_ids(loaded.tokenizer, p) for p in make_prompts(seed, requests)]
     start = time.perf_counter()
     try:
         for i, ids in enumerate(prompts):
@@ -103,6 +117,7 @@ def run(
     return {
         "notes": notes,
         "finished": finished,
+        "prompts": f"{equal_prompt_tokens} random tokens each" if equal_prompt_tokens else "corpus",
         "requests": requests,
         "max_tokens": max_tokens,
         "wall_s": wall,
@@ -128,9 +143,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=600.0, help="give up after this (s)")
+    p.add_argument(
+        "--equal-prompt-tokens",
+        type=int,
+        default=None,
+        help="use the forward ceiling's prompts of this many tokens instead of the corpus",
+    )
     p.add_argument("--json", type=Path, help="write the summary here")
     args = p.parse_args(argv)
-    result = run(args.model, args.requests, args.max_tokens, args.seed, args.timeout)
+    result = run(
+        args.model,
+        args.requests,
+        args.max_tokens,
+        args.seed,
+        args.timeout,
+        args.equal_prompt_tokens,
+    )
     text = json.dumps(result, indent=2)
     print(text)
     if args.json:

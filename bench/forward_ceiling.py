@@ -72,6 +72,15 @@ def _decode(model, cache, y, steps: int, pipelined: bool) -> float:  # noqa: ANN
     return time.perf_counter() - start
 
 
+def prompt_ids(batch: int, prompt_tokens: int) -> list[list[int]]:
+    """The ``batch`` random prompts of ``prompt_tokens`` token ids decoded at batch ``batch``
+    (seeded by the batch size, so every run and ``bench.engine_steps`` see the same ones)."""
+    import numpy as np
+
+    rng = np.random.default_rng(batch)
+    return rng.integers(100, 20_000, size=(batch, prompt_tokens)).tolist()
+
+
 def measure(model, batch: int, prompt_tokens: int, steps: int, repeats: int) -> CeilingResult:  # noqa: ANN001
     """Prefill ``batch`` prompts of ``prompt_tokens`` tokens, then time ``steps`` decode steps.
 
@@ -83,8 +92,7 @@ def measure(model, batch: int, prompt_tokens: int, steps: int, repeats: int) -> 
     import numpy as np
     from mlx_lm.models.cache import make_prompt_cache
 
-    rng = np.random.default_rng(batch)
-    ids = mx.array(rng.integers(100, 20_000, size=(batch, prompt_tokens)), dtype=mx.int32)
+    ids = mx.array(np.array(prompt_ids(batch, prompt_tokens)), dtype=mx.int32)
     cache = make_prompt_cache(model)
     start = time.perf_counter()
     y = mx.argmax(model(ids, cache=cache)[:, -1, :], axis=-1)

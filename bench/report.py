@@ -194,6 +194,18 @@ def markdown(results: dict[str, Any], png_name: str | None) -> str:
             f"computing {eng['prefill_computed_positions']} positions with padding.",
             "",
         ]
+    equal = results.get("engine_steps_equal") or {}
+    if equal.get("full_batch_decode_tok_s"):
+        ceil = ceiling_at(results, equal["requests"])
+        share = _f(_ratio(equal["full_batch_decode_tok_s"], ceil), 100, 0, "%")
+        lines += [
+            f"The same engine on the ceiling's own prompts ({equal['prompts']}, no EOS): "
+            f"decode step at batch {equal['requests']} median "
+            f"{equal['full_batch_step_ms']:.0f} ms = {equal['full_batch_decode_tok_s']:.1f} "
+            f"tok/s ({share} of the ceiling). The difference from the corpus run is padding: "
+            "a decode step attends over the longest row's context for every row.",
+            "",
+        ]
     lines += ["## Targets", "", "| target | measured | met |", "|---|---|---|"]
     for label, got, met in targets(results):
         lines.append(f"| {label} | {got} | {'-' if met is None else 'yes' if met else 'NO'} |")
