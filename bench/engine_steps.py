@@ -7,7 +7,9 @@ to the ceiling is the engine's (slot-pool gathers, masks, sampling, scheduling) 
 the HTTP layer's. With ``--equal-prompt-tokens N`` the prompts are the ceiling's own (``N``
 random token ids per row, from the same generator, decoded with ``ignore_eos``): the step
 then differs from the ceiling's only by the engine, while the corpus's prompts of mixed
-lengths also make every decode step attend over the longest row's context. Example::
+lengths also make every decode step attend over the longest row's context. With
+``--long-prompt-tokens N`` the first corpus prompt is replaced by ``N`` random token ids:
+one long conversation among short chats, the case decode row groups exist for. Example::
 
     .venv/bin/python -m bench.engine_steps --model /tmp/smollm2-mlx --requests 32 --max-tokens 32
 """
@@ -45,6 +47,7 @@ def run(
     seed: int,
     timeout_s: float,
     equal_prompt_tokens: int | None = None,
+    long_prompt_tokens: int | None = None,
 ) -> dict[str, Any]:
     """Serve ``requests`` prompts through the engine and summarize its forward times
     (corpus prompts, or the ceiling's ``equal_prompt_tokens``-token ones)."""
@@ -103,6 +106,9 @@ def run(
     else:
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
         prompts = [_prompt_ids(loaded.tokenizer, p) for p in make_prompts(seed, requests)]
+        if long_prompt_tokens:
+            rng = np.random.default_rng(seed)
+            prompts[0] = rng.integers(100, 20_000, size=long_prompt_tokens).tolist()
     start = time.perf_counter()
     try:
         for i, ids in enumerate(prompts):
@@ -117,7 +123,7 @@ def run(
     return {
         "notes": notes,
         "finished": finished,
-        "prompts": f"{equal_prompt_tokens} random tokens each" if equal_prompt_tokens else "corpus",
+        "prompts": _describe_prompts(equal_prompt_tokens, long_prompt_tokens),
         "requests": requests,
         "max_tokens": max_tokens,
         "wall_s": wall,
@@ -135,6 +141,14 @@ def run(
     }
 
 
+def _describe_prompts(equal_prompt_tokens: int | None, long_prompt_tokens: int | None) -> str:
+    if equal_prompt_tokens:
+        return f"{equal_prompt_tokens} random tokens each"
+    if long_prompt_tokens:
+        return f"corpus, the first replaced by {long_prompt_tokens} random tokens"
+    return "corpus"
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point: prints (and optionally writes) the summary as JSON."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -149,6 +163,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="use the forward ceiling's prompts of this many tokens instead of the corpus",
     )
+    p.add_argument(
+        "--long-prompt-tokens",
+        type=int,
+        default=None,
+        help="replace the first corpus prompt by this many random token ids",
+    )
     p.add_argument("--json", type=Path, help="write the summary here")
     args = p.parse_args(argv)
     result = run(
@@ -158,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         args.seed,
         args.timeout,
         args.equal_prompt_tokens,
+        args.long_prompt_tokens,
     )
     text = json.dumps(result, indent=2)
     print(text)

@@ -104,9 +104,9 @@ class ForwardBatch:
             a request resuming from a prefix-cache snapshot gets the snapshot's state.
         state_snapshots: int32 [K, 2] ``(src, dst)`` state slots copied after the forward:
             a row's state at the end of its chunk, kept by the prefix cache.
-        row_groups: the rows split into forwards of similar length (``plan_row_groups``);
-            empty means one forward of all rows. Each group is padded only to its own
-            longest row.
+        row_groups: the rows split into forwards of similar width (``row_groups.py``:
+            tokens fed in prefill, context read in decode); empty means one forward of all
+            rows. Each group is padded only to its own widest row.
     """
 
     phase: Literal["prefill", "decode"]

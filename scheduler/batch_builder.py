@@ -8,7 +8,7 @@ import numpy as np
 
 from scheduler.batch import ForwardBatch
 from scheduler.request import Request
-from scheduler.row_groups import plan_row_groups
+from scheduler.row_groups import plan_decode_groups, plan_row_groups
 from scheduler.sampling_arrays import build_sampling_arrays
 from scheduler.token_spaces import TokenSpace, TokenSpaces
 
@@ -47,12 +47,14 @@ def build_forward_batch(
         input_ids[i, :n] = req.token_ids(req.cached_len, req.cached_len + n)
     write, read, _ = _space_slots(spaces.full, rows)
     sliding_write, sliding_read, sliding_start = _space_slots(spaces.sliding, rows)
+    extend_lens = np.array([n for _, n in rows], np.int32)
+    ends = np.array([r.cached_len + n for r, n in rows], np.int32)
     return ForwardBatch(
         phase=phase,
         request_ids=[r.request_id for r, _ in rows],
         input_ids=input_ids,
         cached_lens=np.array([r.cached_len for r, _ in rows], np.int32),
-        extend_lens=np.array([n for _, n in rows], np.int32),
+        extend_lens=extend_lens,
         write_slots=write,
         read_slots=read,
         sliding_write_slots=sliding_write,
@@ -62,5 +64,21 @@ def build_forward_batch(
         fresh_rows=np.array([r.cached_len == 0 for r, _ in rows]),
         sample_rows=np.array([r.cached_len + n == r.seq_len for r, n in rows]),
         sampling=build_sampling_arrays(rows, eos_token_ids),
-        row_groups=tuple(plan_row_groups(np.array([n for _, n in rows]))) if L > 1 else (),
+        row_groups=_row_groups(extend_lens, ends, sliding_start, spaces),
     )
+
+
+def _row_groups(
+    extend_lens: np.ndarray, ends: np.ndarray, sliding_start: np.ndarray, spaces: TokenSpaces
+) -> tuple[np.ndarray, ...]:
+    """The step's forwards: prefill rows grouped by tokens fed, decode rows by the context
+    their attention reads (the full space's when the model has one); ``()`` is one forward."""
+    if int(extend_lens.max()) > 1:
+        groups = plan_row_groups(extend_lens)
+    elif spaces.full is not None:
+        groups = plan_decode_groups(ends)
+    elif spaces.sliding is not None:
+        groups = plan_decode_groups(ends - sliding_start)
+    else:
+        return ()  # no attention: nothing is padded
+    return tuple(groups) if len(groups) > 1 else ()

@@ -108,13 +108,15 @@ def submit(engine: Engine, collector: Collector, rid: str, prompt, **params) -> 
     engine.add_request(rid, prompt, SamplingParams(**params), collector.callback(rid))
 
 
-def spy_row_groups(engine) -> list[int]:
-    """Record how many forwards each step of ``engine`` ran (its batch's row groups)."""
+def spy_row_groups(engine, phase: str | None = None) -> list[int]:
+    """Record how many forwards each step of ``engine`` ran (its batch's row groups), for
+    the steps of ``phase`` only when given."""
     seen: list[int] = []
     forward = engine.executor.forward
 
     def recording(batch):
-        seen.append(max(1, len(batch.row_groups)))
+        if phase is None or batch.phase == phase:
+            seen.append(max(1, len(batch.row_groups)))
         return forward(batch)
 
     engine.executor.forward = recording

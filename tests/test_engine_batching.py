@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from scheduler import row_groups
 from tests.conftest import Collector, greedy_reference, spy_row_groups, submit
 
 PROMPTS = [
@@ -67,6 +68,19 @@ class TestRowGroups:
         groups = spy_row_groups(engine)
         outputs, _ = run_all(engine, prompts)
         assert max(groups) > 1, f"the prefill was meant to be split, got groups {groups}"
+        for i, (got, want) in enumerate(zip(outputs, refs, strict=True)):
+            assert got == want, f"request {i} ({len(prompts[i])} tokens): {got} != {want}"
+
+    def test_decode_rows_grouped_by_context_match(self, tiny_llama, make_engine, monkeypatch):
+        # A free extra forward splits decode rows by context length (the real cost only
+        # splits far-apart contexts, which a tiny test cannot afford).
+        monkeypatch.setattr(row_groups, "DECODE_OVERHEAD_KEYS", 0)
+        prompts = [[(5 * i + k) % 250 + 1 for i in range(n)] for k, n in enumerate([70, 2, 9, 33])]
+        refs = [greedy_reference(tiny_llama.model, p, MAX_TOKENS) for p in prompts]
+        engine = make_engine(tiny_llama, max_total_tokens=1024)
+        groups = spy_row_groups(engine, phase="decode")
+        outputs, _ = run_all(engine, prompts)
+        assert max(groups) > 1, f"decode was meant to be split, got groups {groups}"
         for i, (got, want) in enumerate(zip(outputs, refs, strict=True)):
             assert got == want, f"request {i} ({len(prompts[i])} tokens): {got} != {want}"
 

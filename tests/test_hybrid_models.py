@@ -13,8 +13,9 @@ import pytest
 
 from mlx_backend.loaded_model import LoadedModel
 from mlx_backend.loader import load_model
+from scheduler import row_groups
 from scheduler.sampling_params import SamplingParams
-from tests.conftest import Collector, NoEosTokenizer, greedy_reference, submit
+from tests.conftest import Collector, NoEosTokenizer, greedy_reference, spy_row_groups, submit
 from tests.tiny_models import (
     ARCHITECTURES,
     EXTRA_ARCHITECTURES,
@@ -80,6 +81,24 @@ class TestExactUnderBatching:
             loaded, max_total_tokens=512, max_running_requests=8, max_prefill_tokens=CHUNK
         )
         assert_exact(arch, run_batch(engine, prompts), refs)
+
+    @pytest.mark.parametrize("arch", DIR_ARCHITECTURES + IN_MEMORY_ARCHITECTURES)
+    def test_decode_split_by_context_matches_mlx_lm(
+        self, arch, tiny_dirs, make_engine, monkeypatch
+    ):
+        # Every distinct context length decodes in its own forward (recurrent state,
+        # sliding windows and full attention each gathered and written back per group).
+        monkeypatch.setattr(row_groups, "DECODE_OVERHEAD_KEYS", 0)
+        loaded = load_tiny(arch, tiny_dirs)
+        prompts = prompts_for()
+        refs = [greedy_reference(loaded.model, p, MAX_TOKENS) for p in prompts]
+        engine = make_engine(loaded, max_total_tokens=512, max_running_requests=8)
+        groups = spy_row_groups(engine, phase="decode")
+        assert_exact(arch, run_batch(engine, prompts, late=False), refs)
+        if engine.executor.layout.attention:
+            assert max(groups) > 1, f"decode was meant to be split, got groups {groups}"
+        else:
+            assert max(groups) == 1, "without attention layers no decode row is padded"
 
 
 class TestPreemption:

@@ -11,7 +11,13 @@ from scheduler.batch import ForwardOutput
 from scheduler.config import EngineConfig
 from scheduler.memory_plan import MemoryPlan
 from scheduler.request import Request
-from scheduler.row_groups import FORWARD_OVERHEAD_TOKENS, padded_area, plan_row_groups
+from scheduler.row_groups import (
+    DECODE_OVERHEAD_KEYS,
+    FORWARD_OVERHEAD_TOKENS,
+    padded_area,
+    plan_decode_groups,
+    plan_row_groups,
+)
 from scheduler.sampling_params import SamplingParams
 from scheduler.scheduler import Scheduler
 
@@ -53,11 +59,12 @@ class TestPrefillPacking:
             if batch.phase != "prefill":
                 continue
             assert batch.num_tokens <= 64, f"prefill feeds {batch.num_tokens} > budget 64"
-            rows = np.sort(np.concatenate(batch.row_groups))
+            groups = list(batch.row_groups) or [np.arange(batch.batch_size)]
+            rows = np.sort(np.concatenate(groups))
             assert rows.tolist() == list(range(batch.batch_size)), "groups miss or repeat rows"
             # Grouping never costs more than one forward per row would.
-            area = padded_area(batch.extend_lens, list(batch.row_groups))
-            overhead = FORWARD_OVERHEAD_TOKENS * (len(batch.row_groups) - batch.batch_size)
+            area = padded_area(batch.extend_lens, groups)
+            overhead = FORWARD_OVERHEAD_TOKENS * (len(groups) - batch.batch_size)
             assert area <= batch.num_tokens - overhead
         sched.check_integrity()
 
@@ -73,7 +80,7 @@ class TestPrefillPacking:
         add(sched, [8, 8, 8, 8])
         first = sched.schedule()
         assert first.batch_size == 4, "four 8-token prompts fit one 64-token prefill"
-        assert len(first.row_groups) == 1, "equal rows run as one forward"
+        assert first.row_groups == (), "equal rows run as one forward"
 
     def test_rows_are_not_cut_to_the_first_rows_width(self):
         sched = make_scheduler(budget=64)
@@ -109,6 +116,46 @@ class TestRowGroups:
                 for a, b in zip(cuts[:-1], cuts[1:], strict=True)
             )
             assert cost <= brute
+
+    def test_plan_is_optimal_with_a_decode_sized_overhead(self):
+        # The O(B) shortcut (padding below one forward's cost) must agree with the DP.
+        rng = np.random.default_rng(0)
+        for _ in range(50):
+            lens = rng.integers(1, 5000, size=int(rng.integers(1, 9)))
+            groups = plan_row_groups(lens, DECODE_OVERHEAD_KEYS)
+            cost = padded_area(lens, groups) + DECODE_OVERHEAD_KEYS * len(groups)
+            ordered = np.sort(lens)[::-1]
+            for mask in range(1 << (len(lens) - 1)):
+                cuts = [0] + [i + 1 for i in range(len(lens) - 1) if mask >> i & 1] + [len(lens)]
+                brute = sum(
+                    (b - a) * int(ordered[a]) + DECODE_OVERHEAD_KEYS
+                    for a, b in zip(cuts[:-1], cuts[1:], strict=True)
+                )
+                assert cost <= brute, (lens.tolist(), [g.tolist() for g in groups])
+
+
+class TestDecodeGroups:
+    def test_one_long_context_decodes_apart_from_short_ones(self):
+        contexts = np.array([150] * 15 + [4000] + [120] * 16)
+        groups = plan_decode_groups(contexts)
+        assert [g.tolist() for g in groups][0] == [15], "the long row runs alone"
+        assert sorted(np.concatenate(groups[1:]).tolist()) == [i for i in range(32) if i != 15]
+
+    def test_chat_sized_contexts_decode_together(self):
+        # The benchmark corpus: 32 contexts of 60-215 tokens. Splitting saves less padding
+        # than a second forward costs.
+        contexts = np.linspace(60, 215, 32).astype(int)
+        assert len(plan_decode_groups(contexts)) == 1
+
+    def test_decode_batch_carries_its_groups(self):
+        sched = make_scheduler(budget=1024)
+        add(sched, [900, 20, 25, 30, 12, 40, 22, 18])
+        decode = [b for b in drain(sched) if b.phase == "decode"]
+        assert decode, "the requests were meant to decode"
+        assert len(decode[0].row_groups) == 2, decode[0].row_groups
+        long_row = int(np.argmax(decode[0].cached_lens))
+        assert [g.tolist() for g in decode[0].row_groups][0] == [long_row]
+        sched.check_integrity()
 
 
 class TestRecurrentPrefill:
