@@ -74,6 +74,12 @@ class Executor:
         last, prompt, prompt_entries = [], [], []
         for rows in groups:
             group_last, group_prompt, entries = self._forward_rows(batch, rows, prompt_at)
+            if len(groups) > 1:
+                # NOTE: one graph holding every group's forward evaluates slower than the
+                # forwards one after another (measured: a decode step of a 2,000-token row
+                # and 31 short ones, 890 ms vs 740 ms): each forward's K/V gathers and
+                # activations stay hot and are freed before the next one starts.
+                mx.eval(group_last, [] if group_prompt is None else group_prompt)
             last.append(group_last)
             if entries is not None:
                 prompt.append(group_prompt)
