@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 # Tokens (prompt + output, most recent last) the repetition / presence / frequency penalties
 # look at: mlx-lm's ``make_logits_processors`` default context size.
 PENALTY_CONTEXT = 20
@@ -15,6 +17,11 @@ MAX_LOGIT_BIAS = 100.0
 # Largest top_k the engine takes: the sampler holds it as int32 (a larger value once killed
 # the engine thread); anything past the vocabulary means "off" anyway.
 MAX_TOP_K = 2**31 - 1
+
+# Penalties are applied in float32: a repetition_penalty that rounds to 0 or to inf there
+# turns logits into inf or NaN (0 / 0), so it must be a normal float32.
+MIN_REPETITION_PENALTY = float(np.finfo(np.float32).tiny)
+MAX_REPETITION_PENALTY = float(np.finfo(np.float32).max)
 
 
 @dataclass(frozen=True)
@@ -78,8 +85,12 @@ class SamplingParams:
             value = getattr(self, name)
             if not -2 <= value <= 2:
                 raise ValueError(f"{name} must be in [-2, 2], got {value}")
-        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if not MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY:
+            raise ValueError(
+                f"repetition_penalty must be > 0 and a finite float32 (between "
+                f"{MIN_REPETITION_PENALTY:.4g} and {MAX_REPETITION_PENALTY:.4g}), "
+                f"got {self.repetition_penalty}"
+            )
         self._check_logit_bias()
         if not 0 <= self.min_tokens <= self.max_tokens:
             raise ValueError(

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from scheduler.sampling_params import MAX_REPETITION_PENALTY, MIN_REPETITION_PENALTY
 from server.chat_messages import ChatMessage
 from server.openapi_fields import describe_any_fields
 from server.structured_output import ResponseFormat, StructuredOutputs, json_schema_value
@@ -127,7 +128,9 @@ class GenerationRequest(_Model):
     # Extensions (vLLM / SGLang spelling). top_k -1 is vLLM's "off", like 0.
     top_k: int | None = Field(default=None, ge=-1)
     min_p: float | None = Field(default=None, ge=0, le=1)
-    repetition_penalty: float | None = Field(default=None, gt=0)
+    repetition_penalty: float | None = Field(
+        default=None, ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY
+    )
     min_tokens: int = Field(default=0, ge=0)
     ignore_eos: bool = False
     # Structured output (server/structured_output.py): OpenAI's response_format, vLLM's

@@ -157,6 +157,7 @@ class TestValidation:
             ({"presence_penalty": 2.5}, "presence_penalty"),
             ({"frequency_penalty": -3}, "frequency_penalty"),
             ({"repetition_penalty": 0}, "repetition_penalty"),
+            ({"repetition_penalty": 1e308}, "repetition_penalty"),  # inf as a float32
             ({"logit_bias": {"abc": 1}}, "logit_bias"),
             ({"logit_bias": {"5": 101}}, "logit_bias"),
             ({"logit_bias": {"5": "high"}}, "logit_bias"),

@@ -4,6 +4,8 @@ seeded draws, the min_tokens mask and raw logprobs."""
 
 from __future__ import annotations
 
+import math
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -38,6 +40,9 @@ class TestValidation:
             ("presence_penalty", 2.5),
             ("frequency_penalty", -2.1),
             ("repetition_penalty", 0.0),
+            ("repetition_penalty", 1e-320),  # 0 in float32: logits / 0
+            ("repetition_penalty", 1e308),  # inf in float32
+            ("repetition_penalty", math.nan),
             ("min_tokens", -1),
             ("min_tokens", 17),
             ("logprobs", 21),
