@@ -63,6 +63,16 @@ def ceiling_at(results: dict[str, Any], batch: int) -> float | None:
     return None
 
 
+def _decode_step(results: dict[str, Any], eng: dict[str, Any]) -> str:
+    """An ``engine_steps`` result's full-batch decode step, and its share of the ceiling."""
+    ceil = ceiling_at(results, eng["requests"])
+    share = _f(_ratio(eng["full_batch_decode_tok_s"], ceil), 100, 0, "%")
+    return (
+        f"decode step at batch {eng['requests']} median {eng['full_batch_step_ms']:.0f} ms = "
+        f"{eng['full_batch_decode_tok_s']:.1f} tok/s ({share} of the ceiling)"
+    )
+
+
 def targets(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     """(target, measured, met) for each of the issue's targets; met is None if unmeasured."""
     comb = combined(results)
@@ -181,13 +191,10 @@ def markdown(results: dict[str, Any], png_name: str | None) -> str:
         lines.append("")
     eng = results.get("engine_steps") or {}
     if eng.get("full_batch_decode_tok_s"):
-        ceil = ceiling_at(results, eng["requests"])
-        share = _f(_ratio(eng["full_batch_decode_tok_s"], ceil), 100, 0, "%")
         lines += [
             f"mlxserve's engine without HTTP (`bench/engine_steps.py`: {eng['requests']} "
-            f"requests submitted at once, {eng['max_tokens']} tokens each): decode step at "
-            f"batch {eng['requests']} median {eng['full_batch_step_ms']:.0f} ms = "
-            f"{eng['full_batch_decode_tok_s']:.1f} tok/s ({share} of the ceiling); prefill "
+            f"requests submitted at once, {eng['max_tokens']} tokens each): "
+            f"{_decode_step(results, eng)}; prefill "
             f"{eng['prefill_steps']} steps of {eng['prefill_forwards']} forwards, "
             f"{eng['prefill_s']:.1f} s for {eng['prompt_tokens']} prompt tokens, of which "
             f"{eng['prefill_fed_tokens']} were fed (the rest came from the prefix cache), "
@@ -196,13 +203,9 @@ def markdown(results: dict[str, Any], png_name: str | None) -> str:
         ]
     equal = results.get("engine_steps_equal") or {}
     if equal.get("full_batch_decode_tok_s"):
-        ceil = ceiling_at(results, equal["requests"])
-        share = _f(_ratio(equal["full_batch_decode_tok_s"], ceil), 100, 0, "%")
         lines += [
             f"The same engine on the ceiling's own prompts ({equal['prompts']}, no EOS): "
-            f"decode step at batch {equal['requests']} median "
-            f"{equal['full_batch_step_ms']:.0f} ms = {equal['full_batch_decode_tok_s']:.1f} "
-            f"tok/s ({share} of the ceiling). The difference from the corpus run is padding: "
+            f"{_decode_step(results, equal)}. The difference from the corpus run is padding: "
             "a decode step attends over the longest row's context for every row.",
             "",
         ]
