@@ -50,7 +50,8 @@ def run(
     long_prompt_tokens: int | None = None,
 ) -> dict[str, Any]:
     """Serve ``requests`` prompts through the engine and summarize its forward times
-    (corpus prompts, or the ceiling's ``equal_prompt_tokens``-token ones)."""
+    (corpus prompts, the first one ``long_prompt_tokens`` long if given, or the ceiling's
+    ``equal_prompt_tokens``-token ones)."""
     notes = [_env.enable_blas()]
     import numpy as np
 
@@ -107,8 +108,7 @@ def run(
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
         prompts = [_prompt_ids(loaded.tokenizer, p) for p in make_prompts(seed, requests)]
         if long_prompt_tokens:
-            rng = np.random.default_rng(seed)
-            prompts[0] = rng.integers(100, 20_000, size=long_prompt_tokens).tolist()
+            prompts[0] = ceiling_prompt_ids(1, long_prompt_tokens)[0]
     start = time.perf_counter()
     try:
         for i, ids in enumerate(prompts):
