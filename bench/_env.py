@@ -1,8 +1,8 @@
 """The compute environment mlxserve sets up at start, reproduced for the benchmark's peers.
 
-mlxserve (``server.cli``) preloads OpenBLAS for MLX's float32 matmuls
-(:func:`mlx_backend.cpu_blas.enable_fast_blas`) before MLX is imported, and on the CPU backend
-turns 4-bit weights into float32 ones (:func:`mlx_backend.dequantize.dequantize_for_cpu`).
+mlxserve (``mlxserve.server.cli``) preloads OpenBLAS for MLX's float32 matmuls
+(``mlx_backend/cpu/blas.py``: ``enable_fast_blas``) before MLX is imported, and on the CPU
+backend turns 4-bit weights into float32 ones (``mlx_backend/loading/dequantize.py``).
 The forward-ceiling loop and the mlx_lm.server wrapper do the same through this module so
 that every number compares the same weights under the same BLAS. When those modules are
 missing (an older checkout) everything here degrades to a no-op and says so.
@@ -23,7 +23,7 @@ if str(REPO_ROOT) not in sys.path:
 
 
 def has_module(name: str) -> bool:
-    """Whether ``mlx_backend.<name>`` exists in this checkout (without importing it)."""
+    """Whether ``mlx_backend/<name>.py`` exists in this checkout (without importing it)."""
     return (REPO_ROOT / "mlx_backend" / f"{name}.py").is_file()
 
 
@@ -32,11 +32,11 @@ def enable_blas() -> str:
 
     Must run before ``mlx.core`` is imported (``mlx_backend/__init__.py`` imports nothing).
     """
-    if not has_module("cpu_blas"):
-        return "fast BLAS: mlx_backend/cpu_blas.py not present (reference BLAS)"
+    if not has_module("cpu/blas"):
+        return "fast BLAS: mlx_backend/cpu/blas.py not present (reference BLAS)"
     if "mlx.core" in sys.modules:
         return "fast BLAS: skipped, mlx.core was imported first"
-    from mlx_backend.cpu_blas import enable_fast_blas
+    from mlxserve.mlx_backend.cpu.blas import enable_fast_blas
 
     status = enable_fast_blas()
     return f"fast BLAS: {'active' if status.active else 'inactive'}: {status.reason}"
@@ -44,9 +44,9 @@ def enable_blas() -> str:
 
 def dequantize(model: Any) -> str:
     """Dequantize ``model`` in place as mlxserve does on the CPU; returns one line."""
-    if not has_module("dequantize"):
-        return "dequantize: mlx_backend/dequantize.py not present (weights kept quantized)"
-    from mlx_backend.dequantize import dequantize_for_cpu
+    if not has_module("loading/dequantize"):
+        return "dequantize: mlx_backend/loading/dequantize.py not present (weights kept quantized)"
+    from mlxserve.mlx_backend.loading.dequantize import dequantize_for_cpu
 
     return f"dequantize: {dequantize_for_cpu(model).reason}"
 

@@ -113,16 +113,19 @@ def ensure_model(model_dir: Path) -> None:
     """Convert the embedded SmolLM2 GGUF into ``model_dir`` if it does not exist yet."""
     if (model_dir / "config.json").is_file():
         return
-    code = "from mlx_backend.loader import embedded_gguf_path; print(embedded_gguf_path())"
+    code = (
+        "from mlxserve.mlx_backend.loading.loader import embedded_gguf_path; "
+        "print(embedded_gguf_path())"
+    )
     gguf = subprocess.run([PY, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    cmd = [PY, "-m", "server.cli", "convert", gguf.stdout.strip(), str(model_dir)]
+    cmd = [PY, "-m", "mlxserve.server.cli", "convert", gguf.stdout.strip(), str(model_dir)]
     subprocess.run(cmd, cwd=ROOT, check=True, timeout=600)
 
 
 def server_commands(args: argparse.Namespace, port: int) -> dict[str, list[str]]:
     """Both servers' command lines with the benchmark's settings."""
     batch = str(args.max_running_requests)
-    ours = [PY, "-m", "server.cli", "--model", str(args.model), "--host", HOST]
+    ours = [PY, "-m", "mlxserve.server.cli", "--model", str(args.model), "--host", HOST]
     ours += ["--port", str(port), "--max-total-tokens", str(args.max_total_tokens)]
     ours += ["--max-running-requests", batch]
     peer = [PY, str(ROOT / "bench" / "run_mlx_lm_server.py"), "--model", str(args.model)]
@@ -396,7 +399,7 @@ def notes(args: argparse.Namespace) -> list[str]:
         "mlxserve's radix prefix cache shares it too, also between requests of one burst.",
         "Both servers start OpenBLAS with one thread per CPU (unless OPENBLAS_NUM_THREADS is "
         "set). mlxserve lowers the count while other processes keep CPUs busy "
-        "(mlx_backend/blas_threads.py); mlx_lm.server keeps it. On an idle machine both "
+        "(mlx_backend/cpu/blas_threads.py); mlx_lm.server keeps it. On an idle machine both "
         "use every CPU.",
         "`--prompt-concurrency 32` (its default is 8) lets mlx_lm.server prefill as many "
         "prompts per step as mlxserve may; at concurrency 16 both settings gave the same "

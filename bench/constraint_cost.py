@@ -57,8 +57,8 @@ def measure(batch: int, model, tokenizer, compiler) -> dict[str, float]:  # noqa
     import numpy as np
     from mlx_lm.models.cache import make_prompt_cache
 
-    from mlx_backend.sampler import apply_token_bitmask
-    from scheduler.constraints import GrammarSpec
+    from mlxserve.mlx_backend.sampler import apply_token_bitmask
+    from mlxserve.scheduler.constraints import GrammarSpec
 
     spec = GrammarSpec("json_schema", json.dumps(SCHEMA))
     constraints = [compiler.compile(spec) for _ in range(batch)]
@@ -103,12 +103,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     args = parser.parse_args(argv)
     blas = enable_blas()
-    from mlx_backend.loader import load_model
-    from scheduler.constraints import ConstraintCompiler
+    from mlxserve.mlx_backend.loading.loader import load_model
+    from mlxserve.scheduler.constraints import ConstraintCompiler
 
     loaded = load_model(None)
     weights = dequantize(loaded.model)
-    from mlx_backend.logits import vocab_size
+    from mlxserve.mlx_backend.logits import vocab_size
 
     eos = sorted(getattr(loaded.tokenizer, "eos_token_ids", None) or [])
     t0 = time.perf_counter()

@@ -1,6 +1,6 @@
 """mlxserve's engine without HTTP: the time of each forward, by phase and batch size.
 
-Loads the model as mlxserve does, starts a ``scheduler.engine.Engine``, submits ``requests``
+Loads the model as mlxserve does, starts its ``Engine``, submits ``requests``
 greedy corpus prompts at once and times every ``executor.forward`` call. The median decode
 step at the full batch, set against :mod:`bench.forward_ceiling`, says how much of the gap
 to the ceiling is the engine's (slot-pool gathers, masks, sampling, scheduling) rather than
@@ -57,11 +57,11 @@ def run(
 
     from bench.corpus import make_prompts
     from bench.forward_ceiling import prompt_ids as ceiling_prompt_ids
-    from mlx_backend.loader import load_model
-    from scheduler.config import EngineConfig
-    from scheduler.engine import Engine
-    from scheduler.row_groups import padded_area
-    from scheduler.sampling_params import SamplingParams
+    from mlxserve.mlx_backend.loading.loader import load_model
+    from mlxserve.scheduler.config import EngineConfig
+    from mlxserve.scheduler.engine import Engine
+    from mlxserve.scheduler.row_groups import padded_area
+    from mlxserve.scheduler.sampling_params import SamplingParams
 
     loaded = load_model(model_spec)
     notes.append(_env.dequantize(loaded.model))

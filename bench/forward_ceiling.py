@@ -1,7 +1,7 @@
 """The forward ceiling: bare batched decode of the model, the upper bound of a server's decode.
 
 The model is loaded the way mlxserve loads it (fast BLAS enabled before MLX is imported,
-``mlx_backend.loader.load_model``, then float32 dequantization on the CPU backend). For each
+``mlx_backend.loading.loader.load_model``, then float32 dequantization on the CPU backend). For each
 batch size B it prefills B equal-length prompts into mlx-lm's own ``KVCache`` (one per layer,
 batch B) and times N greedy decode steps, two ways:
 
@@ -122,7 +122,7 @@ def measure(model, batch: int, prompt_tokens: int, steps: int, repeats: int) -> 
 def load(model_spec: str | None) -> tuple[object, object, list[str]]:
     """Load the model as mlxserve does; returns the model, its tokenizer and setup notes."""
     notes = [_env.enable_blas()]
-    from mlx_backend.loader import load_model
+    from mlxserve.mlx_backend.loading.loader import load_model
 
     loaded = load_model(model_spec)
     notes.append(_env.dequantize(loaded.model))

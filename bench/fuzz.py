@@ -242,8 +242,8 @@ def _as_httpx(response: Any) -> httpx.Response:
 
 def fuzz_server_configs():
     """The engine and server settings of a fuzz run: small context, bounded prompts."""
-    from scheduler.config import EngineConfig
-    from server.config import ServerConfig
+    from mlxserve.scheduler.config import EngineConfig
+    from mlxserve.server.config import ServerConfig
 
     engine = EngineConfig(max_total_tokens=512, max_running_requests=4)
     server = ServerConfig(
@@ -265,9 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.url:
         report = fuzz(args.url, args.examples, max_tokens=args.max_tokens, seed=args.seed)
     else:
-        from mlx_backend.dequantize import dequantize_for_cpu
-        from mlx_backend.loader import load_model
-        from server.launch import serve_in_background
+        from mlxserve.mlx_backend.loading.dequantize import dequantize_for_cpu
+        from mlxserve.mlx_backend.loading.loader import load_model
+        from mlxserve.server.lifecycle.launch import serve_in_background
 
         loaded = load_model(None)
         dequantize_for_cpu(loaded.model)

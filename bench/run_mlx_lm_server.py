@@ -2,8 +2,9 @@
 
 It calls mlxserve's ``enable_fast_blas()`` before MLX is imported (same OpenBLAS sgemm) and,
 with ``--dequantize`` on (``auto``: when this checkout's mlxserve dequantizes, i.e. when
-``mlx_backend/dequantize.py`` exists), serves a float32 copy of the model directory written with
-mlxserve's own ``dequantize_for_cpu``, so that both servers compute with the same weights.
+``mlx_backend/loading/dequantize.py`` exists), serves a float32 copy of the model directory
+written with mlxserve's own ``dequantize_for_cpu``, so that both servers compute with the same
+weights.
 Every other argument goes to ``mlx_lm.server`` unchanged.
 
 ``--listen-backlog`` (default 128) raises the listen backlog of mlx_lm.server's
@@ -87,7 +88,7 @@ def resolve_model(model: str, mode: str) -> tuple[str, str]:
         mode: ``on``, ``off`` or ``auto`` (on when this checkout's mlxserve dequantizes).
     """
     model_dir = Path(model)
-    want = mode == "on" or (mode == "auto" and _env.has_module("dequantize"))
+    want = mode == "on" or (mode == "auto" and _env.has_module("loading/dequantize"))
     if not want:
         return model, f"serving {model} as is (--dequantize {mode})"
     if not model_dir.is_dir() or not is_quantized(model_dir):

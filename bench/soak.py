@@ -166,10 +166,10 @@ def main(argv: list[str] | None = None) -> int:
     from bench._env import dequantize, enable_blas
 
     enable_blas()
-    from mlx_backend.loader import load_model
-    from scheduler.config import EngineConfig
-    from server.config import ServerConfig
-    from server.launch import serve_in_background
+    from mlxserve.mlx_backend.loading.loader import load_model
+    from mlxserve.scheduler.config import EngineConfig
+    from mlxserve.server.config import ServerConfig
+    from mlxserve.server.lifecycle.launch import serve_in_background
 
     loaded = load_model(None)
     dequantize(loaded.model)

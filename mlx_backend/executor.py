@@ -8,16 +8,16 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from mlx_backend.blas_threads import AdaptiveBlasThreads
-from mlx_backend.cache_view import BatchCaches, BatchContext
-from mlx_backend.cpu_blas import adaptive_thread_control
-from mlx_backend.kv_pool import KVPool, StatePool
-from mlx_backend.layer_layout import LayerLayout, probe_layout
-from mlx_backend.logits import LastTokenLogits, vocab_size
-from mlx_backend.logprobs import prompt_logprobs, prompt_positions, sampled_logprobs
-from mlx_backend.sampler import Sampler
-from scheduler.batch import ForwardBatch, ForwardOutput
-from scheduler.memory_plan import MemoryPlan
+from mlxserve.mlx_backend.cpu.blas import adaptive_thread_control
+from mlxserve.mlx_backend.cpu.blas_threads import AdaptiveBlasThreads
+from mlxserve.mlx_backend.kv.cache_view import BatchCaches, BatchContext
+from mlxserve.mlx_backend.kv.kv_pool import KVPool, StatePool
+from mlxserve.mlx_backend.kv.layer_layout import LayerLayout, probe_layout
+from mlxserve.mlx_backend.logits import LastTokenLogits, vocab_size
+from mlxserve.mlx_backend.logprobs import prompt_logprobs, prompt_positions, sampled_logprobs
+from mlxserve.mlx_backend.sampler import Sampler
+from mlxserve.scheduler.batch import ForwardBatch, ForwardOutput
+from mlxserve.scheduler.memory_plan import MemoryPlan
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from scheduler.batch import ForwardBatch, LogprobArrays
+from mlxserve.scheduler.batch import ForwardBatch, LogprobArrays
 
 
 @dataclass

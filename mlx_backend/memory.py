@@ -6,8 +6,8 @@ import os
 
 import mlx.core as mx
 
-from mlx_backend.layer_layout import LayerLayout
-from scheduler.memory_plan import MemoryPlan
+from mlxserve.mlx_backend.kv.layer_layout import LayerLayout
+from mlxserve.scheduler.memory_plan import MemoryPlan
 
 
 def available_memory_bytes() -> int:

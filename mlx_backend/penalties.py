@@ -17,7 +17,7 @@ import logging
 import mlx.core as mx
 import numpy as np
 
-from scheduler.batch import PenaltyArrays, SamplingArrays, TokenValues
+from mlxserve.scheduler.batch import PenaltyArrays, SamplingArrays, TokenValues
 
 logger = logging.getLogger(__name__)
 

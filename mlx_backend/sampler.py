@@ -5,8 +5,8 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from mlx_backend.penalties import process_logits
-from scheduler.batch import SamplingArrays, SeedArrays
+from mlxserve.mlx_backend.penalties import process_logits
+from mlxserve.scheduler.batch import SamplingArrays, SeedArrays
 
 
 def _filtered_logits(

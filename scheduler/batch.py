@@ -7,7 +7,7 @@ from typing import Literal
 
 import numpy as np
 
-from scheduler.outputs import TokenLogprob
+from mlxserve.scheduler.outputs import TokenLogprob
 
 
 @dataclass(frozen=True)

@@ -6,11 +6,11 @@ from collections.abc import Collection
 
 import numpy as np
 
-from scheduler.batch import ForwardBatch
-from scheduler.request import Request
-from scheduler.row_groups import plan_decode_groups, plan_row_groups
-from scheduler.sampling_arrays import build_sampling_arrays
-from scheduler.token_spaces import TokenSpace, TokenSpaces
+from mlxserve.scheduler.batch import ForwardBatch
+from mlxserve.scheduler.request import Request
+from mlxserve.scheduler.row_groups import plan_decode_groups, plan_row_groups
+from mlxserve.scheduler.sampling_arrays import build_sampling_arrays
+from mlxserve.scheduler.token_spaces import TokenSpace, TokenSpaces
 
 
 def _space_slots(

@@ -14,18 +14,18 @@ from dataclasses import replace
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from mlx_backend.executor import Executor
-from mlx_backend.layer_layout import probe_layout
-from mlx_backend.loaded_model import LoadedModel
-from mlx_backend.memory import plan_memory
-from scheduler.batch import ForwardBatch
-from scheduler.config import EngineConfig
-from scheduler.constraints import ConstraintCompiler, GrammarSpec
-from scheduler.outputs import FinishReason, RequestOutput
-from scheduler.request import Request
-from scheduler.sampling_params import SamplingParams
-from scheduler.scheduler import Scheduler
-from scheduler.stats import EngineStats, StatsObserver, engine_stats
+from mlxserve.mlx_backend.executor import Executor
+from mlxserve.mlx_backend.kv.layer_layout import probe_layout
+from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
+from mlxserve.mlx_backend.memory import plan_memory
+from mlxserve.scheduler.batch import ForwardBatch
+from mlxserve.scheduler.config import EngineConfig
+from mlxserve.scheduler.constraints import ConstraintCompiler, GrammarSpec
+from mlxserve.scheduler.outputs import FinishReason, RequestOutput
+from mlxserve.scheduler.request import Request
+from mlxserve.scheduler.sampling_params import SamplingParams
+from mlxserve.scheduler.scheduler import Scheduler
+from mlxserve.scheduler.stats import EngineStats, StatsObserver, engine_stats
 
 logger = logging.getLogger(__name__)
 

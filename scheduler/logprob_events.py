@@ -6,9 +6,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from scheduler.batch import ForwardOutput, LogprobArrays
-from scheduler.outputs import RequestOutput
-from scheduler.request import Request
+from mlxserve.scheduler.batch import ForwardOutput, LogprobArrays
+from mlxserve.scheduler.outputs import RequestOutput
+from mlxserve.scheduler.request import Request
 
 
 def record_prompt_logprobs(req: Request, arrays: LogprobArrays | None, row: int) -> None:

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvpool import ReqToTokenPool, StateSlotAllocator
-from scheduler.memory_plan import MemoryPlan
-from scheduler.radix_cache import PrefixMatch, RadixCache, common_prefix_len
-from scheduler.request import Request
-from scheduler.token_spaces import TokenSpaces
+from mlxserve.kvpool import ReqToTokenPool, StateSlotAllocator
+from mlxserve.scheduler.memory_plan import MemoryPlan
+from mlxserve.scheduler.radix_cache import PrefixMatch, RadixCache, common_prefix_len
+from mlxserve.scheduler.request import Request
+from mlxserve.scheduler.token_spaces import TokenSpaces
 
 # A waiting request that shares at least this many more tokens (or its whole prompt) with
 # a request still being prefilled waits for that prefill to be inserted, instead of

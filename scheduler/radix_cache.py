@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvpool import SlotAllocator, StateSlotAllocator
+from mlxserve.kvpool import SlotAllocator, StateSlotAllocator
 
 
 @dataclass(eq=False)

@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from scheduler.constraints import Constraint
-from scheduler.outputs import RequestOutput, TokenLogprob
-from scheduler.sampling_params import SamplingParams
-from scheduler.stats import RequestStats
+from mlxserve.scheduler.constraints import Constraint
+from mlxserve.scheduler.outputs import RequestOutput, TokenLogprob
+from mlxserve.scheduler.sampling_params import SamplingParams
+from mlxserve.scheduler.stats import RequestStats
 
 
 class RequestStatus(enum.Enum):

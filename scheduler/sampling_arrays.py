@@ -11,15 +11,15 @@ from collections.abc import Collection
 
 import numpy as np
 
-from scheduler.batch import (
+from mlxserve.scheduler.batch import (
     PenaltyArrays,
     PromptLogprobRequest,
     SamplingArrays,
     SeedArrays,
     TokenValues,
 )
-from scheduler.request import Request
-from scheduler.sampling_params import PENALTY_CONTEXT
+from mlxserve.scheduler.request import Request
+from mlxserve.scheduler.sampling_params import PENALTY_CONTEXT
 
 _SEED_MASK = (1 << 64) - 1
 

@@ -9,17 +9,17 @@ from dataclasses import replace
 
 import numpy as np
 
-from kvpool import ReqToTokenPool, StateSlotAllocator
-from scheduler.batch import ForwardBatch, ForwardOutput
-from scheduler.batch_builder import build_forward_batch
-from scheduler.config import EngineConfig
-from scheduler.constraints import ConstraintCompiler, GrammarDeadEnd
-from scheduler.logprob_events import record_prompt_logprobs, with_logprobs
-from scheduler.memory_plan import MemoryPlan
-from scheduler.outputs import FinishReason, RequestOutput
-from scheduler.prefix_cache import PrefixCache
-from scheduler.request import Request, RequestStatus
-from scheduler.token_spaces import TokenSpaces
+from mlxserve.kvpool import ReqToTokenPool, StateSlotAllocator
+from mlxserve.scheduler.batch import ForwardBatch, ForwardOutput
+from mlxserve.scheduler.batch_builder import build_forward_batch
+from mlxserve.scheduler.config import EngineConfig
+from mlxserve.scheduler.constraints import ConstraintCompiler, GrammarDeadEnd
+from mlxserve.scheduler.logprob_events import record_prompt_logprobs, with_logprobs
+from mlxserve.scheduler.memory_plan import MemoryPlan
+from mlxserve.scheduler.outputs import FinishReason, RequestOutput
+from mlxserve.scheduler.prefix_cache import PrefixCache
+from mlxserve.scheduler.request import Request, RequestStatus
+from mlxserve.scheduler.token_spaces import TokenSpaces
 
 logger = logging.getLogger(__name__)
 

@@ -17,10 +17,10 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from scheduler.outputs import RequestOutput
+from mlxserve.scheduler.outputs import RequestOutput
 
 if TYPE_CHECKING:
-    from scheduler.scheduler import Scheduler
+    from mlxserve.scheduler.scheduler import Scheduler
 
 
 @dataclass(frozen=True)

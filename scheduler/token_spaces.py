@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvpool import ReqToTokenPool, TokenToKVPoolAllocator
-from scheduler.request import Request
+from mlxserve.kvpool import ReqToTokenPool, TokenToKVPoolAllocator
+from mlxserve.scheduler.request import Request
 
 
 @dataclass

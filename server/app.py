@@ -1,9 +1,9 @@
 """The FastAPI app: OpenAI-compatible routes, plus /health, /metrics and /version.
 
 Each generation route does three things: parse (pydantic, in the signature), submit
-(``ServingContext.submit``), and stream or return the result (``server/responses.py``).
+(``ServingContext.submit``), and stream or return the result (``server/api/openai/answer.py``).
 Around the routes, outermost first: CORS, API keys, the body size limit, and the gate that
-answers 503 while the model loads or the server shuts down (``server/state.py``).
+answers 503 while the model loads or the server shuts down (``server/lifecycle/state.py``).
 """
 
 from __future__ import annotations
@@ -16,28 +16,28 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.middleware.cors import CORSMiddleware
 
-from mlx_backend.loaded_model import LoadedModel
-from scheduler.engine import Engine
-from server.auth import APIKeyAuth
-from server.chat_messages import continuation_mode, render_chat
-from server.choice_output import ChatShaper, CompletionShaper
-from server.config import ServerConfig
-from server.context import ServingContext
-from server.errors import APIError, install_error_handlers
-from server.json_body import StrictJSONRoute
-from server.limits import BodySizeLimit
-from server.loading import LoadProgress, backend_name
-from server.openapi import install_openapi
-from server.prompts import completion_prompt_ids
-from server.reasoning import prompt_opens_reasoning
-from server.response_models import ModelCard, ModelList
-from server.responses import complete_chat, complete_text
-from server.schemas import ChatCompletionRequest, CompletionRequest
-from server.state import ServerState, ServiceGate
-from server.streaming import stream_chat, stream_completion
-from server.structured_output import check_constraint, request_constraint
-from server.tokenize_routes import add_tokenize_routes
-from server.tools import ToolPlan, plan_tools
+from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
+from mlxserve.scheduler.engine import Engine
+from mlxserve.server.api.openai.answer import complete_chat, complete_text
+from mlxserve.server.api.openai.messages import continuation_mode, render_chat
+from mlxserve.server.api.openai.openapi import install_openapi
+from mlxserve.server.api.openai.response_models import ModelCard, ModelList
+from mlxserve.server.api.openai.schemas import ChatCompletionRequest, CompletionRequest
+from mlxserve.server.api.openai.shapers import ChatShaper, CompletionShaper
+from mlxserve.server.api.openai.sse import stream_chat, stream_completion
+from mlxserve.server.api.openai.structured_output import check_constraint, request_constraint
+from mlxserve.server.api.openai.tokenize import add_tokenize_routes
+from mlxserve.server.api.openai.tools import ToolPlan, plan_tools
+from mlxserve.server.config import ServerConfig
+from mlxserve.server.http.auth import APIKeyAuth
+from mlxserve.server.http.errors import APIError, install_error_handlers
+from mlxserve.server.http.json_body import StrictJSONRoute
+from mlxserve.server.http.limits import BodySizeLimit
+from mlxserve.server.lifecycle.loading import LoadProgress, backend_name
+from mlxserve.server.lifecycle.state import ServerState, ServiceGate
+from mlxserve.server.serving.context import ServingContext
+from mlxserve.server.serving.prompts import completion_prompt_ids
+from mlxserve.server.serving.reasoning import prompt_opens_reasoning
 
 logger = logging.getLogger(__name__)
 

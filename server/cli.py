@@ -16,8 +16,8 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
-from scheduler.config import EngineConfig
-from server.config import ServerConfig
+from mlxserve.scheduler.config import EngineConfig
+from mlxserve.server.config import ServerConfig
 
 # Google-style "name: text" or "name (type): text" lines of an "Attributes:" section.
 _ATTRIBUTE_LINE = re.compile(r"^(\w+)(?: \([^)]*\))?: (.*)$")
@@ -104,7 +104,7 @@ def _fail(message: str) -> int:
 
 
 def _convert(gguf_path: str, out_dir: str) -> int:
-    from mlx_backend.gguf_convert import convert_gguf
+    from mlxserve.mlx_backend.loading.gguf_convert import convert_gguf
 
     try:
         convert_gguf(gguf_path, out_dir)
@@ -115,8 +115,8 @@ def _convert(gguf_path: str, out_dir: str) -> int:
 
 
 def _serve(server_config: ServerConfig, engine_config: EngineConfig) -> int:
-    from mlx_backend.loader import ModelLoadError
-    from server.launch import serve
+    from mlxserve.mlx_backend.loading.loader import ModelLoadError
+    from mlxserve.server.lifecycle.launch import serve
 
     try:
         serve(server_config, engine_config)
@@ -149,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _enable_fast_blas() -> None:
     """Serve MLX's CPU sgemm from OpenBLAS; must run before anything imports mlx.core."""
-    from mlx_backend.cpu_blas import enable_fast_blas
+    from mlxserve.mlx_backend.cpu.blas import enable_fast_blas
 
     status = enable_fast_blas()
     if not status.active:

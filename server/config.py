@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Literal
 
-from server.tool_parsers import check_tool_parser_name
+from mlxserve.server.serving.tool_parsers import check_tool_parser_name
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 # NOTE: before anything imports mlx.core: libmlx binds cblas_sgemm when it is loaded, and
 # the suite runs ~10x faster with OpenBLAS than with the wheel's reference BLAS.
-from mlx_backend.cpu_blas import enable_fast_blas
+from mlxserve.mlx_backend.cpu.blas import enable_fast_blas
 
 enable_fast_blas()
 
@@ -19,11 +19,11 @@ from mlx.utils import tree_flatten
 from mlx_lm.generate import generate_step
 from mlx_lm.models import llama
 
-from mlx_backend.loaded_model import LoadedModel
-from scheduler.config import EngineConfig
-from scheduler.engine import Engine
-from scheduler.outputs import RequestOutput
-from scheduler.sampling_params import SamplingParams
+from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
+from mlxserve.scheduler.config import EngineConfig
+from mlxserve.scheduler.engine import Engine
+from mlxserve.scheduler.outputs import RequestOutput
+from mlxserve.scheduler.sampling_params import SamplingParams
 
 
 class NoEosTokenizer:
@@ -131,8 +131,8 @@ def tiny_llama() -> LoadedModel:
 @pytest.fixture(scope="session")
 def smollm() -> LoadedModel:
     """The embedded SmolLM2 as ``mlxserve`` serves it on the CPU backend: dequantized."""
-    from mlx_backend.dequantize import dequantize_for_cpu
-    from mlx_backend.loader import load_model
+    from mlxserve.mlx_backend.loading.dequantize import dequantize_for_cpu
+    from mlxserve.mlx_backend.loading.loader import load_model
 
     loaded = load_model(None)
     status = dequantize_for_cpu(loaded.model)

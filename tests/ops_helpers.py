@@ -15,10 +15,10 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from mlx_backend.loaded_model import LoadedModel
-from scheduler.config import EngineConfig
-from server.config import ServerConfig
-from server.launch import BackgroundServer, serve_in_background
+from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
+from mlxserve.scheduler.config import EngineConfig
+from mlxserve.server.config import ServerConfig
+from mlxserve.server.lifecycle.launch import BackgroundServer, serve_in_background
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -99,12 +99,12 @@ def cli_server(
 
     Args:
         args: CLI options (``--port`` is added).
-        script: Python source to run instead of ``-m server.cli`` (for test hooks); it
-            must end by calling ``server.cli.main``.
+        script: Python source to run instead of ``-m mlxserve.server.cli`` (for test hooks); it
+            must end by calling ``mlxserve.server.cli.main``.
     """
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, *(["-c", script] if script else ["-m", "server.cli"])]
+    cmd = [sys.executable, *(["-c", script] if script else ["-m", "mlxserve.server.cli"])]
     cmd += ["--port", str(port), *args]
     proc = subprocess.Popen(
         cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True

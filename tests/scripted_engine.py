@@ -14,12 +14,12 @@ from typing import Any
 from fastapi.testclient import TestClient
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from mlx_backend.loaded_model import LoadedModel
-from scheduler.outputs import RequestOutput, TokenLogprob
-from scheduler.sampling_params import SamplingParams
-from scheduler.stats import EngineStats
-from server.app import create_app
-from server.config import ServerConfig
+from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
+from mlxserve.scheduler.outputs import RequestOutput, TokenLogprob
+from mlxserve.scheduler.sampling_params import SamplingParams
+from mlxserve.scheduler.stats import EngineStats
+from mlxserve.server.app import create_app
+from mlxserve.server.config import ServerConfig
 
 Script = Callable[[list[int], SamplingParams], list[int]]
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from mlx_backend.blas_threads import (
+from mlxserve.mlx_backend.cpu.blas_threads import (
     INTERVAL_S,
     QUIET_S_TO_GROW,
     AdaptiveBlasThreads,
@@ -120,7 +120,7 @@ def test_cpu_seconds_reads_this_machine():
 
 _PROBE = """
 import json
-from mlx_backend.cpu_blas import enable_fast_blas, adaptive_thread_control
+from mlxserve.mlx_backend.cpu.blas import enable_fast_blas, adaptive_thread_control
 status = enable_fast_blas()
 import mlx.core as mx
 control = adaptive_thread_control()

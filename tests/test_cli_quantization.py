@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import mlx.nn as nn
 
-from mlx_backend.loader import load_model
-from server.cli import _from_args, build_parser
-from server.config import ServerConfig
-from server.loading import convert_for_backend, keep_quantized_note
+from mlxserve.mlx_backend.loading.loader import load_model
+from mlxserve.server.cli import _from_args, build_parser
+from mlxserve.server.config import ServerConfig
+from mlxserve.server.lifecycle.loading import convert_for_backend, keep_quantized_note
 
 
 def quantized_layers(model: nn.Module) -> int:

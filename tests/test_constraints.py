@@ -15,8 +15,8 @@ import jsonschema
 import numpy as np
 import pytest
 
-from scheduler.constraints import GrammarSpec
-from scheduler.sampling_params import SamplingParams
+from mlxserve.scheduler.constraints import GrammarSpec
+from mlxserve.scheduler.sampling_params import SamplingParams
 from tests.conftest import Collector, greedy_reference, submit
 
 PROMPT = "<|im_start|>user\nDescribe a person as JSON.<|im_end|>\n<|im_start|>assistant\n"

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Prints the status, then an MLX float32 matmul checked against numpy in float64.
 _PROBE = """
 import json
-from mlx_backend.cpu_blas import enable_fast_blas, verify_blas
+from mlxserve.mlx_backend.cpu.blas import enable_fast_blas, verify_blas
 status = enable_fast_blas()
 import mlx.core as mx
 import numpy as np
@@ -83,7 +83,7 @@ class TestFastBlas:
         if not can_build_shim():
             pytest.skip("needs scipy-openblas32 and a C compiler")
         code = (
-            "import mlx.core\nfrom mlx_backend.cpu_blas import enable_fast_blas\n"
+            "import mlx.core\nfrom mlxserve.mlx_backend.cpu.blas import enable_fast_blas\n"
             "s = enable_fast_blas()\nprint(s.active, s.reason)"
         )
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -120,8 +120,8 @@ def test_dequantized_smollm_matches_quantized():
     """One load, run quantized, dequantized in place, run again: same tokens, close logits."""
     import mlx.core as mx
 
-    from mlx_backend.dequantize import dequantize_for_cpu
-    from mlx_backend.loader import ModelLoadError, load_model
+    from mlxserve.mlx_backend.loading.dequantize import dequantize_for_cpu
+    from mlxserve.mlx_backend.loading.loader import ModelLoadError, load_model
 
     if mx.default_device().type != mx.cpu:
         pytest.skip("dequantization only applies to the CPU backend")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from server.detokenizer import IncrementalDetokenizer
+from mlxserve.server.serving.detokenizer import IncrementalDetokenizer
 
 TEXTS = [
     " Paris is the capital of France.",

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler import row_groups
+from mlxserve.scheduler import row_groups
 from tests.conftest import Collector, greedy_reference, spy_row_groups, submit
 
 PROMPTS = [

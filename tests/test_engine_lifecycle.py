@@ -10,10 +10,10 @@ import pytest
 
 SCRIPT = """
 import sys, threading
-from mlx_backend.loader import load_model
-from scheduler.config import EngineConfig
-from scheduler.engine import Engine
-from scheduler.sampling_params import SamplingParams
+from mlxserve.mlx_backend.loading.loader import load_model
+from mlxserve.scheduler.config import EngineConfig
+from mlxserve.scheduler.engine import Engine
+from mlxserve.scheduler.sampling_params import SamplingParams
 
 engine = Engine(load_model(None), EngineConfig(max_total_tokens=256))
 engine.start()

@@ -16,8 +16,8 @@ from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_logits_processors
 
-from mlx_backend.loaded_model import LoadedModel
-from scheduler.outputs import RequestOutput
+from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
+from mlxserve.scheduler.outputs import RequestOutput
 from tests.conftest import Collector, greedy_reference, spy_row_groups, submit
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11, 12, 13, 14, 15, 16], [3], [100, 101, 102]]

@@ -10,9 +10,9 @@ import threading
 import httpx
 import pytest
 
-from mlx_backend.loaded_model import LoadedModel
-from scheduler.config import EngineConfig
-from server.detokenizer import IncrementalDetokenizer
+from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
+from mlxserve.scheduler.config import EngineConfig
+from mlxserve.server.serving.detokenizer import IncrementalDetokenizer
 from tests.ops_helpers import COUNTING, completion, running_server, sse_payloads
 
 DOOMED = "Doomed: 1, 2, 3,"

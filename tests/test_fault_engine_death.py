@@ -15,7 +15,7 @@ from tests.ops_helpers import cli_server, completion
 
 DYING_ENGINE = """
 import sys
-from scheduler.engine import Engine
+from mlxserve.scheduler.engine import Engine
 
 run_batch = Engine._run_batch
 
@@ -25,7 +25,7 @@ def dying_run_batch(self, batch):
     return run_batch(self, batch)
 
 Engine._run_batch = dying_run_batch
-from server.cli import main
+from mlxserve.server.cli import main
 sys.exit(main())
 """
 

@@ -13,9 +13,9 @@ import pytest
 from fastapi.routing import APIRoute
 
 from bench.fuzz import fuzz, fuzz_server_configs
-from mlx_backend.loaded_model import LoadedModel
-from server.app import create_app
-from server.config import ServerConfig
+from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
+from mlxserve.server.app import create_app
+from mlxserve.server.config import ServerConfig
 from tests.ops_helpers import running_server
 
 EXAMPLES = 25  # per operation and generation mode

@@ -10,11 +10,11 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load as mlx_lm_load
 
-from mlx_backend import gguf_model
-from mlx_backend.gguf_convert import convert_gguf
-from mlx_backend.gguf_model import gguf_config, load_gguf_model
-from mlx_backend.gguf_tokenizer import build_gguf_tokenizer, load_gguf_tokenizer
-from mlx_backend.loader import (
+from mlxserve.mlx_backend import gguf_model
+from mlxserve.mlx_backend.loading.gguf_convert import convert_gguf
+from mlxserve.mlx_backend.loading.gguf_model import gguf_config, load_gguf_model
+from mlxserve.mlx_backend.loading.gguf_tokenizer import build_gguf_tokenizer, load_gguf_tokenizer
+from mlxserve.mlx_backend.loading.loader import (
     EMBEDDED_MODEL_ID,
     ModelLoadError,
     cast_float_parameters_to_float32,

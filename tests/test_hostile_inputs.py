@@ -16,11 +16,11 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from mlx_backend.loaded_model import LoadedModel
-from server.chat_messages import ChatMessage
-from server.json_body import MAX_JSON_DEPTH
-from server.schemas import ChatCompletionRequest, CompletionRequest
-from server.tokenize_routes import DetokenizeRequest, TokenizeRequest
+from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
+from mlxserve.server.api.openai.messages import ChatMessage
+from mlxserve.server.api.openai.schemas import ChatCompletionRequest, CompletionRequest
+from mlxserve.server.api.openai.tokenize import DetokenizeRequest, TokenizeRequest
+from mlxserve.server.http.json_body import MAX_JSON_DEPTH
 from tests.hostile_helpers import (
     assert_error_or_answer,
     assert_openai_error,

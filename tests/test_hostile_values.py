@@ -17,11 +17,11 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from mlx_backend.loaded_model import LoadedModel
-from scheduler.sampling_params import MAX_TOP_K, SamplingParams
-from server.errors import APIError
-from server.limits import check_prompt_tokens
-from server.schemas import MAX_N
+from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
+from mlxserve.scheduler.sampling_params import MAX_TOP_K, SamplingParams
+from mlxserve.server.api.openai.schemas import MAX_N
+from mlxserve.server.http.errors import APIError
+from mlxserve.server.http.limits import check_prompt_tokens
 from tests.hostile_helpers import (
     CONTEXT,
     assert_error_or_answer,

@@ -15,14 +15,14 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from mlx_backend.loaded_model import LoadedModel
-from scheduler.config import EngineConfig
-from scheduler.engine import Engine
-from server.app import create_app
-from server.config import ServerConfig
-from server.errors import APIError
-from server.launch import BackgroundServer
-from server.prompts import resolve_max_tokens
+from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
+from mlxserve.scheduler.config import EngineConfig
+from mlxserve.scheduler.engine import Engine
+from mlxserve.server.app import create_app
+from mlxserve.server.config import ServerConfig
+from mlxserve.server.http.errors import APIError
+from mlxserve.server.lifecycle.launch import BackgroundServer
+from mlxserve.server.serving.prompts import resolve_max_tokens
 from tests.ops_helpers import running_server
 
 ENGINE_CONFIG = EngineConfig(max_total_tokens=4096, max_running_requests=8)
@@ -247,7 +247,7 @@ class TestDeadEngine:
 class TestCommandLine:
     def test_bad_model_is_one_line_and_nonzero(self) -> None:
         result = subprocess.run(
-            [sys.executable, "-m", "server.cli", "--model", "/nonexistent/model.gguf"],
+            [sys.executable, "-m", "mlxserve.server.cli", "--model", "/nonexistent/model.gguf"],
             capture_output=True,
             text=True,
             timeout=120,
@@ -258,8 +258,8 @@ class TestCommandLine:
         assert "Traceback" not in result.stderr
 
     def test_convert_subcommand(self, tmp_path, capsys) -> None:
-        from mlx_backend.loader import embedded_gguf_path
-        from server.cli import main
+        from mlxserve.mlx_backend.loading.loader import embedded_gguf_path
+        from mlxserve.server.cli import main
 
         assert main(["convert", embedded_gguf_path(), str(tmp_path / "out")]) == 0
         assert (tmp_path / "out" / "config.json").is_file(), "the model directory was written"
@@ -268,7 +268,7 @@ class TestCommandLine:
         assert len(err) == 1 and "missing.gguf" in err[0], err
 
     def test_help_documents_engine_options(self) -> None:
-        from server.cli import build_parser
+        from mlxserve.server.cli import build_parser
 
         text = build_parser().format_help()
         for option in (

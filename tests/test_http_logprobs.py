@@ -10,9 +10,9 @@ import httpx
 import openai
 import pytest
 
-from mlx_backend.loaded_model import LoadedModel
-from scheduler.config import EngineConfig
-from server.launch import BackgroundServer
+from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
+from mlxserve.scheduler.config import EngineConfig
+from mlxserve.server.lifecycle.launch import BackgroundServer
 from tests.ops_helpers import running_server, sse_payloads
 
 ENGINE_CONFIG = EngineConfig(max_total_tokens=4096, max_running_requests=8)

@@ -11,9 +11,9 @@ import httpx
 import openai
 import pytest
 
-from mlx_backend.loaded_model import LoadedModel
-from scheduler.config import EngineConfig
-from server.launch import BackgroundServer
+from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
+from mlxserve.scheduler.config import EngineConfig
+from mlxserve.server.lifecycle.launch import BackgroundServer
 from tests.ops_helpers import COUNTING, running_server, sse_payloads
 from tests.test_http_errors import assert_openai_error
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from mlx_backend.loaded_model import LoadedModel
+from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
 from tests.scripted_engine import scripted_client, tokenizer_with_template
 
 EOS = 2  # SmolLM2's <|im_end|>

@@ -14,9 +14,9 @@ from typing import Any
 import jsonschema
 import pytest
 
-from mlx_backend.loaded_model import LoadedModel
-from scheduler.config import EngineConfig
-from server.launch import BackgroundServer
+from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
+from mlxserve.scheduler.config import EngineConfig
+from mlxserve.server.lifecycle.launch import BackgroundServer
 from tests.ops_helpers import running_server
 from tests.test_http_errors import assert_openai_error
 from tests.test_http_tools_scripted import reassemble, without_ids

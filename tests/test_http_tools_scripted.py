@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from mlx_backend.loaded_model import LoadedModel
+from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
 from tests.scripted_engine import scripted_client, tokenizer_with_template
 from tests.test_http_scripted import answering, chat, stream_payloads
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import pytest
 
-from mlx_backend.loaded_model import LoadedModel
-from mlx_backend.loader import load_model
-from scheduler import row_groups
-from scheduler.sampling_params import SamplingParams
+from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
+from mlxserve.mlx_backend.loading.loader import load_model
+from mlxserve.scheduler import row_groups
+from mlxserve.scheduler.sampling_params import SamplingParams
 from tests.conftest import Collector, NoEosTokenizer, greedy_reference, spy_row_groups, submit
 from tests.tiny_models import (
     ARCHITECTURES,

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import mlx.core as mx
 import numpy as np
 
-from mlx_backend.kv_pool import FlatRows, KVPool
-from mlx_backend.layer_layout import KVShape
+from mlxserve.mlx_backend.kv.kv_pool import FlatRows, KVPool
+from mlxserve.mlx_backend.kv.layer_layout import KVShape
 
 
 def _layout(*caches: tuple[str, int, int, int]) -> SimpleNamespace:

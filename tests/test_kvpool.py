@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvpool import ReqToTokenPool, TokenToKVPoolAllocator
+from mlxserve.kvpool import ReqToTokenPool, TokenToKVPoolAllocator
 
 
 class TestTokenAllocator:

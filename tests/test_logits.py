@@ -5,7 +5,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
-from mlx_backend.logits import LastTokenLogits
+from mlxserve.mlx_backend.logits import LastTokenLogits
 
 
 class ScaledHeadModel(nn.Module):

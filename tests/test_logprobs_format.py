@@ -1,12 +1,12 @@
-"""Unit tests of the logprobs shapes (server/logprobs_format.py)."""
+"""Unit tests of the logprobs shapes (server/api/openai/logprobs.py)."""
 
 from __future__ import annotations
 
 import math
 
-from mlx_backend.loaded_model import LoadedModel
-from scheduler.outputs import TokenLogprob
-from server.logprobs_format import (
+from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
+from mlxserve.scheduler.outputs import TokenLogprob
+from mlxserve.server.api.openai.logprobs import (
     MIN_LOGPROB,
     TokenEntry,
     TokenTexts,

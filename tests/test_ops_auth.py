@@ -9,11 +9,11 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from mlx_backend.loaded_model import LoadedModel
-from scheduler.config import EngineConfig
-from server.auth import key_is_valid
-from server.config import ServerConfig
-from server.launch import BackgroundServer
+from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
+from mlxserve.scheduler.config import EngineConfig
+from mlxserve.server.config import ServerConfig
+from mlxserve.server.http.auth import key_is_valid
+from mlxserve.server.lifecycle.launch import BackgroundServer
 from tests.ops_helpers import completion, running_server
 
 ENGINE_CONFIG = EngineConfig(max_total_tokens=128, max_running_requests=1)

@@ -10,14 +10,14 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from mlx_backend.loaded_model import LoadedModel
-from mlx_backend.loader import ModelLoadError
-from scheduler.config import EngineConfig
-from server.app import create_app
-from server.config import ServerConfig
-from server.launch import BackgroundServer, warn_if_exposed
-from server.loading import BackgroundLoader, backend_name, blas_line, log_model
-from server.state import ServerState
+from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
+from mlxserve.mlx_backend.loading.loader import ModelLoadError
+from mlxserve.scheduler.config import EngineConfig
+from mlxserve.server.app import create_app
+from mlxserve.server.config import ServerConfig
+from mlxserve.server.lifecycle.launch import BackgroundServer, warn_if_exposed
+from mlxserve.server.lifecycle.loading import BackgroundLoader, backend_name, blas_line, log_model
+from mlxserve.server.lifecycle.state import ServerState
 from tests.ops_helpers import completion, wait_for
 
 ENGINE_CONFIG = EngineConfig(max_total_tokens=256, max_running_requests=2)
@@ -109,7 +109,7 @@ class TestStartupLog:
     def test_model_backend_and_blas_are_logged(
         self, smollm: LoadedModel, caplog: pytest.LogCaptureFixture
     ) -> None:
-        with caplog.at_level(logging.INFO, logger="server.loading"):
+        with caplog.at_level(logging.INFO, logger="mlxserve.server.lifecycle.loading"):
             log_model(smollm, "dequantized 3 layers", 1.5)
         text = caplog.text
         assert smollm.model_id in text and "float32" in text, text
@@ -122,7 +122,7 @@ class TestStartupLog:
         self, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         monkeypatch.delenv("MLXSERVE_API_KEY", raising=False)
-        with caplog.at_level(logging.WARNING, logger="server.launch"):
+        with caplog.at_level(logging.WARNING, logger="mlxserve.server.lifecycle.launch"):
             warn_if_exposed(ServerConfig(host="127.0.0.1"))
             assert not caplog.records, "loopback without a key is fine"
             warn_if_exposed(ServerConfig(host="0.0.0.0"))

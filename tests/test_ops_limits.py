@@ -11,12 +11,12 @@ from collections.abc import Callable
 
 import httpx
 
-from mlx_backend.loaded_model import LoadedModel
-from scheduler.config import EngineConfig
-from scheduler.engine import Engine
-from scheduler.sampling_params import SamplingParams
-from server.config import ServerConfig
-from server.generation import Generation, GenerationError
+from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
+from mlxserve.scheduler.config import EngineConfig
+from mlxserve.scheduler.engine import Engine
+from mlxserve.scheduler.sampling_params import SamplingParams
+from mlxserve.server.config import ServerConfig
+from mlxserve.server.serving.generation import Generation, GenerationError
 from tests.ops_helpers import completion, metric, running_server, scrape, sse_payloads, wait_for
 
 SMALL_ENGINE = EngineConfig(max_total_tokens=256, max_running_requests=2)

@@ -15,9 +15,9 @@ from typing import Any
 import httpx
 import pytest
 
-from mlx_backend.loaded_model import LoadedModel
-from scheduler.config import EngineConfig
-from server.launch import BackgroundServer
+from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
+from mlxserve.scheduler.config import EngineConfig
+from mlxserve.server.lifecycle.launch import BackgroundServer
 from tests.ops_helpers import COUNTING, completion, metric, running_server, scrape, sse_payloads
 
 POOL = 32

@@ -10,9 +10,9 @@ from typing import Any
 
 import httpx
 
-from mlx_backend.loaded_model import LoadedModel
-from scheduler.config import EngineConfig
-from server.config import ServerConfig
+from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
+from mlxserve.scheduler.config import EngineConfig
+from mlxserve.server.config import ServerConfig
 from tests.ops_helpers import cli_server, completion, running_server, sse_payloads, wait_for
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.sampling_params import SamplingParams
+from mlxserve.scheduler.sampling_params import SamplingParams
 from tests.conftest import Collector, greedy_reference, submit
 from tests.test_hybrid_models import (
     CHUNK,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvpool import StateSlotAllocator, TokenToKVPoolAllocator
-from scheduler.radix_cache import RadixCache
+from mlxserve.kvpool import StateSlotAllocator, TokenToKVPoolAllocator
+from mlxserve.scheduler.radix_cache import RadixCache
 
 
 def make_tree(size=64, states=0, window=None):

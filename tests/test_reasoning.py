@@ -1,4 +1,4 @@
-"""Unit tests of the reasoning splitter (server/reasoning.py): any chunking, same split."""
+"""Unit tests of the reasoning splitter (server/serving/reasoning.py): any chunking, same split."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from server.reasoning import (
+from mlxserve.server.serving.reasoning import (
     ReasoningSplitter,
     is_reasoning_model,
     prompt_opens_reasoning,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.request import Request
-from scheduler.sampling_params import SamplingParams
+from mlxserve.scheduler.request import Request
+from mlxserve.scheduler.sampling_params import SamplingParams
 
 
 def make(prompt, output, max_tokens=16) -> Request:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from mlx_backend.sampler import Sampler
-from scheduler.batch import SamplingArrays
+from mlxserve.mlx_backend.sampler import Sampler
+from mlxserve.scheduler.batch import SamplingArrays
 
 
 def params(rows: list[dict]) -> SamplingArrays:

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from mlx_lm.sample_utils import make_logits_processors
 
-from mlx_backend.logits import LastTokenLogits
-from mlx_backend.logprobs import sampled_logprobs
-from mlx_backend.penalties import process_logits
-from mlx_backend.sampler import Sampler
-from scheduler.request import Request
-from scheduler.sampling_arrays import build_sampling_arrays
-from scheduler.sampling_params import SamplingParams
+from mlxserve.mlx_backend.logits import LastTokenLogits
+from mlxserve.mlx_backend.logprobs import sampled_logprobs
+from mlxserve.mlx_backend.penalties import process_logits
+from mlxserve.mlx_backend.sampler import Sampler
+from mlxserve.scheduler.request import Request
+from mlxserve.scheduler.sampling_arrays import build_sampling_arrays
+from mlxserve.scheduler.sampling_params import SamplingParams
 from tests.test_logits import ScaledHeadModel
 
 

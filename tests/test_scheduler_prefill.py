@@ -7,19 +7,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from scheduler.batch import ForwardOutput
-from scheduler.config import EngineConfig
-from scheduler.memory_plan import MemoryPlan
-from scheduler.request import Request
-from scheduler.row_groups import (
+from mlxserve.scheduler.batch import ForwardOutput
+from mlxserve.scheduler.config import EngineConfig
+from mlxserve.scheduler.memory_plan import MemoryPlan
+from mlxserve.scheduler.request import Request
+from mlxserve.scheduler.row_groups import (
     DECODE_OVERHEAD_KEYS,
     FORWARD_OVERHEAD_TOKENS,
     padded_area,
     plan_decode_groups,
     plan_row_groups,
 )
-from scheduler.sampling_params import SamplingParams
-from scheduler.scheduler import Scheduler
+from mlxserve.scheduler.sampling_params import SamplingParams
+from mlxserve.scheduler.scheduler import Scheduler
 
 
 def make_scheduler(budget: int, recurrent: bool = False) -> Scheduler:

@@ -19,9 +19,9 @@ import httpx
 import pytest
 
 from bench.soak import CONCURRENCY, PROMPTS, check, plan, references, rss_mb, soak
-from mlx_backend.loaded_model import LoadedModel
-from scheduler.config import EngineConfig
-from server.config import ServerConfig
+from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
+from mlxserve.scheduler.config import EngineConfig
+from mlxserve.server.config import ServerConfig
 from tests.ops_helpers import running_server
 
 RSS_GROWTH_BOUND_MB = 300

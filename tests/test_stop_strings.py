@@ -1,10 +1,10 @@
-"""Unit tests of the stop-string matcher (server/stop_strings.py)."""
+"""Unit tests of the stop-string matcher (server/serving/stop_strings.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from server.stop_strings import StopMatcher
+from mlxserve.server.serving.stop_strings import StopMatcher
 
 
 def run(stops: list[str], pieces: list[str]) -> tuple[list[str], bool]:

@@ -26,8 +26,8 @@ from mlx_lm.models.cache import (
     make_prompt_cache,
 )
 
-from mlx_backend.loaded_model import LoadedModel
-from mlx_backend.loader import ModelLoadError, load_model
+from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
+from mlxserve.mlx_backend.loading.loader import ModelLoadError, load_model
 from tests.tiny_models import (
     ARCHITECTURES,
     EOS_TOKEN_ID,

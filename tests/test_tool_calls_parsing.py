@@ -1,6 +1,7 @@
-"""Tool calls out of model text (``server/tool_stream.py``), the parsers behind
-``--tool-parser`` (``server/tool_parsers.py``), the default format written into prompts
-(``server/tool_prompt.py``) and the call grammar (``server/tools.py``). No model runs."""
+"""Tool calls out of model text (``server/serving/tool_stream.py``), the parsers behind
+``--tool-parser`` (``server/serving/tool_parsers.py``), the default format written into prompts
+(``server/serving/tool_prompt.py``) and the call grammar (``server/api/openai/tools.py``).
+No model runs."""
 
 from __future__ import annotations
 
@@ -9,17 +10,26 @@ import random
 
 import pytest
 
-from server.cli import main
-from server.config import ServerConfig
-from server.tool_parsers import (
+from mlxserve.server.api.openai.tools import (
+    NamedToolChoice,
+    ToolDefinition,
+    plan_tools,
+    tool_calls_rules,
+)
+from mlxserve.server.cli import main
+from mlxserve.server.config import ServerConfig
+from mlxserve.server.serving.tool_parsers import (
     check_tool_parser_name,
     hermes_format,
     resolve_tool_format,
     tool_parser_names,
 )
-from server.tool_prompt import hermes_messages, template_supports_tools, tool_results_as_user
-from server.tool_stream import ParsedCall, ToolCallSplitter, split_tool_calls
-from server.tools import NamedToolChoice, ToolDefinition, plan_tools, tool_calls_rules
+from mlxserve.server.serving.tool_prompt import (
+    hermes_messages,
+    template_supports_tools,
+    tool_results_as_user,
+)
+from mlxserve.server.serving.tool_stream import ParsedCall, ToolCallSplitter, split_tool_calls
 
 HERMES = hermes_format()
 CALL_A = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'

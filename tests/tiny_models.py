@@ -5,7 +5,7 @@ least one layer of every kind it has (attention + recurrent for hybrids, sliding
 attention for sliding-window models), a sliding window of ``WINDOW`` tokens so windows
 really slide, and 2-4 tiny experts for MoE models. ``build_tiny_model_dir`` writes
 ``config.json``, ``model.safetensors`` and a byte-level BPE tokenizer, so the directory
-loads through ``mlx_backend.loader.load_model`` (that is, ``mlx_lm.utils.load``).
+loads through ``mlxserve.mlx_backend.loading.loader.load_model`` (that is, ``mlx_lm.utils.load``).
 
 The weights are random but scaled so that greedy decoding moves from token to token
 (untied heads where the architecture allows, unit-scale embeddings for those, linear
@@ -37,7 +37,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from server.logprobs_format import bytes_to_unicode
+from mlxserve.server.api.openai.logprobs import bytes_to_unicode
 
 # Sliding window used by every sliding-window model here: prompts longer than this
 # make the rotating caches wrap.

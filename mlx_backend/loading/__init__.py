@@ -1,0 +1,1 @@
+"""Loading models: mlx-lm directories, GGUF files, the embedded default, CPU conversion."""

@@ -1,0 +1,1 @@
+"""Protocol adapters: each parses its requests into the neutral spec and renders the output."""

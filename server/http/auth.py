@@ -1,0 +1,88 @@
+"""API keys: ``Authorization: Bearer KEY`` on the API routes, checked in constant time.
+
+Protected: every ``/v1`` route, ``/tokenize`` and ``/detokenize``; with ``protect_ops`` also
+``/health``, ``/metrics`` and ``/version``. Keys are never logged; a refusal says only that
+the key is missing or wrong.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+from collections.abc import Sequence
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from mlxserve.server.http.errors import APIError
+
+OPS_PATHS = ("/health", "/metrics", "/version")
+_API_PATHS = ("/v1", "/tokenize", "/detokenize")
+
+
+def needs_key(path: str, protect_ops: bool) -> bool:
+    """Whether a request to ``path`` must carry an API key."""
+    if any(path == p or path.startswith(p + "/") for p in _API_PATHS):
+        return True
+    return protect_ops and path in OPS_PATHS
+
+
+def key_is_valid(authorization: str | None, keys: Sequence[bytes]) -> bool:
+    """Whether an ``Authorization`` header carries one of ``keys`` as a Bearer token.
+
+    Every key is compared, each with ``hmac.compare_digest``, so the time taken does not
+    depend on how much of a key matched, nor on which key did.
+    """
+    if not authorization:
+        return False
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    candidate = token.strip().encode()
+    matched = False
+    for key in keys:
+        matched |= hmac.compare_digest(candidate, key)
+    return matched
+
+
+class APIKeyAuth:
+    """ASGI middleware: 401 (OpenAI error JSON) unless a protected request has a valid key.
+
+    Args:
+        app: the wrapped app.
+        keys: the accepted keys (non-empty).
+        protect_ops: also protect ``/health``, ``/metrics`` and ``/version``.
+    """
+
+    def __init__(self, app: ASGIApp, keys: Sequence[str], protect_ops: bool) -> None:
+        if not keys:
+            raise ValueError("APIKeyAuth needs at least one key")
+        self.app = app
+        self._keys = [k.encode() for k in keys]
+        self._protect_ops = protect_ops
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and needs_key(scope["path"], self._protect_ops):
+            header = dict(scope["headers"]).get(b"authorization")
+            value = header.decode("latin-1") if header is not None else None
+            if not key_is_valid(value, self._keys):
+                message = (
+                    "Incorrect API key provided."
+                    if value
+                    else "Missing API key: send it as 'Authorization: Bearer YOUR_KEY'."
+                )
+                error = APIError(
+                    401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"}
+                )
+                await error.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` keeps the server reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: assume it resolves elsewhere

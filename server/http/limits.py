@@ -1,0 +1,103 @@
+"""Backpressure and size limits: request body size, prompt length, queue depth.
+
+The body limit is ASGI middleware, so an oversized body is refused before any handler (or
+JSON parser) holds it: a ``Content-Length`` over the limit is answered at once, and a body
+without one (chunked) is counted as it arrives and cut off at the limit.
+"""
+
+from __future__ import annotations
+
+from fastapi import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from mlxserve.server.http.errors import APIError
+
+# Seconds a client is told to wait after a 429 (the queue drains at the engine's pace).
+RETRY_AFTER_S = 1
+
+
+def _too_large(max_bytes: int) -> APIError:
+    return APIError(
+        413,
+        f"The request body is larger than the limit of {max_bytes} bytes.",
+        code="request_too_large",
+    )
+
+
+class BodyTooLarge(HTTPException):
+    """Raised from ``receive`` when a body grows past the limit.
+
+    NOTE: an ``HTTPException`` because FastAPI re-raises those from body parsing (any other
+    exception becomes a 400 "error parsing the body"); the app's handler answers it as 413.
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(413, _too_large(max_bytes).message)
+
+
+class BodySizeLimit:
+    """ASGI middleware: 413 for request bodies over ``max_bytes`` (0: no limit)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not self.max_bytes:
+            await self.app(scope, receive, send)
+            return
+        limit = self.max_bytes
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            await _too_large(limit).response()(scope, receive, send)
+            return
+        received = 0
+        started = False
+
+        async def counting_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise BodyTooLarge(limit)
+            return message
+
+        async def watching_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counting_receive, watching_send)
+        except BodyTooLarge:
+            # Read outside FastAPI's body parsing (e.g. by a middleware): answer here.
+            if started:
+                raise
+            await _too_large(limit).response()(scope, receive, send)
+
+
+def check_prompt_tokens(prompt_tokens: int, max_prompt_tokens: int, param: str) -> None:
+    """Raises: APIError 400 ``prompt_too_long`` over ``max_prompt_tokens`` (0: no limit)."""
+    if max_prompt_tokens and prompt_tokens > max_prompt_tokens:
+        raise APIError(
+            400,
+            f"The {param} resulted in {prompt_tokens} tokens, more than this server's limit "
+            f"of {max_prompt_tokens} prompt tokens. Please reduce the length of the {param}.",
+            param=param,
+            code="prompt_too_long",
+        )
+
+
+def check_queue(waiting: int, max_queue: int) -> None:
+    """Raises: APIError 429 ``queue_full`` (with Retry-After) when ``waiting`` requests
+    already fill the queue of ``max_queue`` (0: no limit)."""
+    if max_queue and waiting >= max_queue:
+        raise APIError(
+            429,
+            f"The server is busy: {waiting} requests are already waiting (limit "
+            f"{max_queue}). Please retry later.",
+            type="rate_limit_exceeded",
+            code="queue_full",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )

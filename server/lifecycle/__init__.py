@@ -1,0 +1,1 @@
+"""The process: loading models behind a bound server, launch, drain, metrics, server state."""

@@ -1,0 +1,233 @@
+"""Starting the server: bind, then load the model behind it, then serve until a signal.
+
+``serve`` (the CLI) answers HTTP while the model loads (``/health`` reports progress) and
+drains on SIGTERM/SIGINT; ``serve_in_background`` runs an already-loaded model on a
+thread (tests, benchmarks, notebooks).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+
+import uvicorn
+from fastapi import FastAPI
+
+from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
+from mlxserve.scheduler.config import EngineConfig
+from mlxserve.scheduler.engine import Engine
+from mlxserve.server.app import VERSION, create_app
+from mlxserve.server.config import ServerConfig
+from mlxserve.server.http.auth import is_loopback
+from mlxserve.server.lifecycle.loading import (
+    BackgroundLoader,
+    LoadProgress,
+    backend_name,
+    blas_line,
+    convert_for_backend,
+    keep_quantized_note,
+)
+from mlxserve.server.lifecycle.shutdown import ABORT_FLUSH_S, GracefulServer
+from mlxserve.server.lifecycle.state import ServerState
+
+logger = logging.getLogger(__name__)
+
+# How long uvicorn waits for connections to close once the drain is over.
+FLUSH_TIMEOUT_S = ABORT_FLUSH_S + 5
+
+
+def serve(config: ServerConfig, engine_config: EngineConfig) -> None:
+    """Bind ``config.host:port``, load ``config.model`` behind it, serve until a signal.
+
+    Raises:
+        mlxserve.mlx_backend.loading.loader.ModelLoadError: the model cannot be loaded.
+        RuntimeError: the engine failed to start.
+    """
+    from mlxserve.mlx_backend.loading.loader import (  # heavy: only when serving
+        ModelLoadError,
+        load_model,
+    )
+
+    check_model_path(config.model)
+    logger.info(
+        "mlxserve %s: model %s, backend %s, BLAS %s",
+        VERSION,
+        config.model or "embedded SmolLM2-135M-Instruct",
+        backend_name(),
+        blas_line(),
+    )
+    warn_if_exposed(config)
+    progress = LoadProgress()
+    app = create_app(None, None, config, progress)
+    state: ServerState = app.state.server
+    uv_config = uvicorn.Config(
+        app,
+        host=config.host,
+        port=config.port,
+        log_level=config.log_level,
+        timeout_graceful_shutdown=FLUSH_TIMEOUT_S,
+    )
+    server = GracefulServer(uv_config, state.shutdown, state.live_generations, state.engine_failure)
+
+    def on_ready(loaded: LoadedModel, engine: Engine) -> None:
+        state.attach(loaded, engine)
+        ctx = state.ctx
+        logger.info(
+            "ready: serving %s (context %d tokens) at http://%s:%d/v1",
+            ctx.model_name,
+            ctx.context_length,
+            config.host,
+            config.port,
+        )
+
+    def on_failed(_: BaseException) -> None:
+        server.should_exit = True
+
+    loader = BackgroundLoader(
+        lambda: load_model(config.model),
+        engine_config,
+        progress,
+        on_ready,
+        on_failed,
+        convert=keep_quantized_note if config.keep_quantized else convert_for_backend,
+    ).start()
+    try:
+        server.run()
+    finally:
+        if not loader.join(timeout=0):
+            # NOTE: MLX work on a thread alive at interpreter exit aborts the process.
+            logger.info("waiting for model loading to finish before exiting")
+            loader.join()
+        if loader.engine is not None:
+            loader.engine.shutdown()
+    if server.engine_died is not None:
+        raise RuntimeError(f"the engine thread died: {server.engine_died}")
+    error = loader.error
+    if error is not None and not state.shutdown.draining:
+        if isinstance(error, (ModelLoadError, RuntimeError)):
+            raise error
+        raise RuntimeError(f"loading failed: {error}") from error
+
+
+def check_model_path(spec: str | None) -> None:
+    """Fail at once, before binding, for a local model path that does not exist.
+
+    Raises:
+        ModelLoadError: ``spec`` names a missing file or directory.
+    """
+    from mlxserve.mlx_backend.loading.loader import ModelLoadError
+
+    if spec is None or os.path.exists(os.path.expanduser(spec)):
+        return
+    # Anything that cannot be a Hugging Face repo id ("org/name") is meant as a path.
+    if spec.lower().endswith(".gguf") or spec.startswith((".", "~", os.sep)):
+        raise ModelLoadError(f"Model path does not exist: {spec}")
+
+
+def warn_if_exposed(config: ServerConfig) -> None:
+    """Warn when the server is reachable from other machines without an API key."""
+    if not is_loopback(config.host) and not config.api_keys():
+        logger.warning(
+            "binding %s without an API key: anyone who can reach this port can use the "
+            "server (set --api-key or MLXSERVE_API_KEY)",
+            config.host,
+        )
+
+
+class BackgroundServer:
+    """uvicorn serving ``app`` on a background thread (tests, benchmarks, notebooks).
+
+    The socket is bound before the thread starts, so ``port=0`` picks a free port without
+    a race; ``url`` says where it landed. Signals stay with the main thread; call
+    ``begin_shutdown`` for the drain a signal would start.
+
+    Args:
+        app: the ASGI app (``create_app(...)``).
+        host: address to bind.
+        port: port to bind (0: any free port).
+        log_level: uvicorn's log level.
+    """
+
+    def __init__(
+        self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"
+    ) -> None:
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((host, port))
+        self.host, self.port = self._sock.getsockname()[:2]
+        self.app = app
+        # The engine this server owns (set by serve_in_background); stop() shuts it down.
+        self.engine: Engine | None = None
+        state: ServerState = app.state.server
+        config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=FLUSH_TIMEOUT_S)
+        self._server = GracefulServer(config, state.shutdown, state.live_generations)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
+        )
+
+    @property
+    def url(self) -> str:
+        """Base URL, e.g. ``http://127.0.0.1:54321``."""
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> BackgroundServer:
+        """Start serving; returns once uvicorn accepts connections.
+
+        Raises:
+            RuntimeError: uvicorn did not start within ``timeout`` seconds.
+        """
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.01)
+        return self
+
+    def begin_shutdown(self) -> None:
+        """Drain as on SIGTERM: refuse new requests, let running ones finish (up to the
+        config's shutdown_timeout), abort the rest, then stop uvicorn."""
+        self._server.begin_shutdown()
+
+    def wait_stopped(self, timeout: float) -> bool:
+        """Wait for uvicorn's thread to end; False if it still runs after ``timeout``."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Ask uvicorn to exit, wait for its thread, then shut down the owned engine."""
+        self._server.should_exit = True
+        self._thread.join(timeout)
+        self._sock.close()
+        if self.engine is not None:
+            self.engine.shutdown()
+
+
+def serve_in_background(
+    loaded: LoadedModel, engine_config: EngineConfig, config: ServerConfig | None = None
+) -> BackgroundServer:
+    """Start an engine for ``loaded`` and serve it on a background thread.
+
+    Args:
+        loaded: the model to serve (e.g. ``load_model(None)``).
+        engine_config: engine sizes.
+        config: server settings; host and port are taken from it (default: 127.0.0.1 on
+            a free port).
+
+    Returns:
+        The started server; ``.url``, ``.engine``; ``stop()`` stops uvicorn and the engine.
+    """
+    config = config or ServerConfig(port=0)
+    engine = Engine(loaded, engine_config)
+    engine.start()
+    try:
+        app = create_app(loaded, engine, config)
+        server = BackgroundServer(app, config.host, config.port, log_level="warning")
+        server.engine = engine
+        return server.start()
+    except BaseException:
+        engine.shutdown()
+        raise

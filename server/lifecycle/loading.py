@@ -1,0 +1,273 @@
+"""Loading the model behind a live HTTP server: stages, progress, warm-up, start-up log.
+
+The server answers as soon as it is bound; the model loads on a background thread::
+
+    weights (read) -> conversion (backend) -> engine (KV pools) -> warm-up (1 request)
+    0 ................ 0.6 .................. 0.75 ................ 0.9 ............... 1
+
+``/health`` reports the stage and the fraction done (503) until the engine is warm (200).
+On a terminal the same progress is drawn as a bar.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
+from mlxserve.scheduler.config import EngineConfig
+from mlxserve.scheduler.engine import Engine
+from mlxserve.scheduler.outputs import RequestOutput
+from mlxserve.scheduler.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+# Where each stage starts on the 0..1 scale (weights dominate the time of a cold start).
+STAGE_STARTS = {"starting": 0.0, "weights": 0.0, "conversion": 0.6, "engine": 0.75, "warmup": 0.9}
+WARMUP_TIMEOUT_S = 600.0
+
+
+class LoadProgress:
+    """How far loading is; written by the loading thread, read by ``/health`` (thread-safe).
+
+    Args:
+        show_bar: draw a progress bar on stderr (default: when stderr is a terminal).
+    """
+
+    def __init__(self, show_bar: bool | None = None) -> None:
+        self._lock = threading.Lock()
+        self.stage = "starting"
+        self.fraction = 0.0
+        self.error: str | None = None
+        self.ready = False
+        if show_bar is None:
+            show_bar = sys.stderr.isatty()
+        self._bar = _make_bar() if show_bar else None
+
+    def begin(self, stage: str) -> None:
+        """Enter ``stage`` (one of ``STAGE_STARTS``)."""
+        with self._lock:
+            self.stage = stage
+            self.fraction = STAGE_STARTS[stage]
+        if self._bar is not None:
+            self._bar.set_description_str(f"loading: {stage}")
+            self._bar.update(round(self.fraction * 100) - self._bar.n)
+        else:
+            logger.info("loading: %s", stage)
+
+    def finish(self) -> None:
+        """Loading is done: the server is ready."""
+        with self._lock:
+            self.stage, self.fraction, self.ready = "ready", 1.0, True
+        self._close_bar("ready")
+
+    def fail(self, error: str) -> None:
+        """Loading failed with ``error`` (one line)."""
+        with self._lock:
+            self.error = error
+        self._close_bar("failed")
+
+    def snapshot(self) -> dict[str, Any]:
+        """``{"status": "loading"|"ready"|"failed", "stage", "progress"}`` for ``/health``."""
+        with self._lock:
+            status = "failed" if self.error else "ready" if self.ready else "loading"
+            body: dict[str, Any] = {
+                "status": status,
+                "stage": self.stage,
+                "progress": round(self.fraction, 3),
+            }
+            if self.error:
+                body["detail"] = self.error
+            return body
+
+    def _close_bar(self, label: str) -> None:
+        if self._bar is not None:
+            self._bar.set_description_str(f"loading: {label}")
+            self._bar.update(100 - self._bar.n if label == "ready" else 0)
+            self._bar.close()
+            self._bar = None
+
+
+def _make_bar() -> Any:
+    from tqdm import tqdm
+
+    return tqdm(
+        total=100,
+        file=sys.stderr,
+        bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}",
+        desc="loading",
+        leave=True,
+    )
+
+
+def convert_for_backend(loaded: LoadedModel) -> str | None:
+    """The conversion stage: on the CPU backend, quantized layers become float32 (fast BLAS
+    matmuls) when memory allows (``mlx_backend/loading/dequantize.py``). Returns a one-line
+    note for the log."""
+    from mlxserve.mlx_backend.loading.dequantize import dequantize_for_cpu
+
+    return dequantize_for_cpu(loaded.model).reason
+
+
+def keep_quantized_note(loaded: LoadedModel) -> str:
+    """The conversion stage under ``--keep-quantized``: nothing is converted."""
+    return "weights kept as loaded (--keep-quantized)"
+
+
+def warm_up(engine: Engine, loaded: LoadedModel) -> None:
+    """Run one tiny request (a prefill and a decode step) so the first client does not pay
+    for MLX's first-use costs.
+
+    Raises:
+        RuntimeError: the request failed or did not finish in time.
+    """
+    prompt = list(loaded.tokenizer.encode("Hello"))[:4] or [0]
+    done = threading.Event()
+    final: list[RequestOutput] = []
+
+    def on_output(event: RequestOutput) -> None:
+        if event.finished:
+            final.append(event)
+            done.set()
+
+    params = SamplingParams(max_tokens=2, temperature=0.0)
+    engine.add_request(f"warmup-{uuid.uuid4().hex}", prompt, params, on_output)
+    if not done.wait(WARMUP_TIMEOUT_S):
+        raise RuntimeError(f"warm-up request did not finish in {WARMUP_TIMEOUT_S:g} s")
+    if final[0].finish_reason == "error":
+        raise RuntimeError(f"warm-up request failed: {final[0].error}")
+
+
+class BackgroundLoader:
+    """Loads the model, starts its engine and warms it up on a daemon thread.
+
+    Args:
+        load: returns the loaded model (the "weights" stage).
+        engine_config: the engine's sizes.
+        progress: where stages are reported.
+        on_ready: called on the loading thread with the model and its started engine.
+        on_failed: called on the loading thread with the error when any stage failed.
+        convert: the conversion stage (None: skipped).
+        warmup: run the warm-up request.
+    """
+
+    def __init__(
+        self,
+        load: Callable[[], LoadedModel],
+        engine_config: EngineConfig,
+        progress: LoadProgress,
+        on_ready: Callable[[LoadedModel, Engine], None],
+        on_failed: Callable[[BaseException], None] | None = None,
+        convert: Callable[[LoadedModel], str | None] | None = convert_for_backend,
+        warmup: bool = True,
+    ) -> None:
+        self._load = load
+        self._engine_config = engine_config
+        self._progress = progress
+        self._on_ready = on_ready
+        self._on_failed = on_failed
+        self._convert = convert
+        self._warmup = warmup
+        self.engine: Engine | None = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="mlxserve-loader", daemon=True)
+
+    def start(self) -> BackgroundLoader:
+        self._thread.start()
+        return self
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for loading to end; False if it is still running after ``timeout``."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _run(self) -> None:
+        progress = self._progress
+        started = time.monotonic()
+        try:
+            progress.begin("weights")
+            loaded = self._load()
+            note = None
+            if self._convert is not None:
+                progress.begin("conversion")
+                note = self._convert(loaded)
+            progress.begin("engine")
+            self.engine = Engine(loaded, self._engine_config)
+            self.engine.start()
+            if self._warmup:
+                progress.begin("warmup")
+                warm_up(self.engine, loaded)
+            log_model(loaded, note, time.monotonic() - started)
+            self._on_ready(loaded, self.engine)
+            progress.finish()
+        except BaseException as e:  # noqa: BLE001 - reported through progress and on_failed
+            self.error = e
+            progress.fail(str(e))
+            logger.error("loading failed: %s", e)
+            if self._on_failed is not None:
+                self._on_failed(e)
+
+
+# ----------------------------------------------------------------- start-up log
+def backend_name() -> str:
+    """Where MLX runs by default: "metal" or "cpu"."""
+    import mlx.core as mx
+
+    return "metal" if mx.default_device().type == mx.gpu and mx.metal.is_available() else "cpu"
+
+
+def blas_line() -> str:
+    """Which BLAS serves MLX's CPU matmuls, in one line."""
+    if backend_name() == "metal":
+        return "not used (Metal)"
+    from mlxserve.mlx_backend.cpu.blas import blas_status
+
+    status = blas_status()
+    if status is None:
+        # server.cli.main() calls enable_fast_blas() before MLX is imported; embedders may not.
+        return "MLX's bundled BLAS (enable_fast_blas() was not called)"
+    if status.active:
+        return f"{status.path} ({status.reason})"
+    return f"MLX's bundled BLAS ({status.reason})"
+
+
+def describe_weights(model: Any) -> str:
+    """dtype and size of a model's parameters, e.g. "float32, 4-bit quantized (210 layers),
+    95 MiB"."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    by_dtype: dict[str, int] = {}
+    total = 0
+    for _, value in tree_flatten(model.parameters()):
+        total += value.nbytes
+        if mx.issubdtype(value.dtype, mx.floating):
+            name = str(value.dtype).removeprefix("mlx.core.")
+            by_dtype[name] = by_dtype.get(name, 0) + value.nbytes
+    dtype = max(by_dtype, key=by_dtype.__getitem__) if by_dtype else "unknown"
+    # nn.QuantizedLinear, nn.QuantizedEmbedding, mlx-lm's QuantizedSwitchLinear, ...
+    quantized = [m for _, m in model.named_modules() if type(m).__name__.startswith("Quantized")]
+    parts = [dtype]
+    if quantized:
+        bits = "/".join(str(b) for b in sorted({getattr(m, "bits", 0) for m in quantized}))
+        parts.append(f"{bits}-bit quantized ({len(quantized)} layers)")
+    parts.append(f"{total / 2**20:.0f} MiB")
+    return ", ".join(parts)
+
+
+def log_model(loaded: LoadedModel, conversion: str | None, seconds: float) -> None:
+    """The start-up log's model line(s)."""
+    logger.info(
+        "model %s loaded in %.1f s: %s, context %d",
+        loaded.model_id,
+        seconds,
+        describe_weights(loaded.model),
+        loaded.context_length,
+    )
+    if conversion:
+        logger.info("conversion: %s", conversion)

@@ -1,0 +1,1 @@
+"""The served models: per-model state, looked up by served name."""

@@ -1,0 +1,1 @@
+"""The protocol-neutral serving pipeline: spec -> prompt -> engine -> text and output pieces."""
