@@ -59,14 +59,14 @@ def run(
     from bench.forward_ceiling import prompt_ids as ceiling_prompt_ids
     from mlxserve.mlx_backend.loading.loader import load_model
     from mlxserve.scheduler.config import EngineConfig
-    from mlxserve.scheduler.engine import Engine
     from mlxserve.scheduler.row_groups import padded_area
     from mlxserve.scheduler.sampling_params import SamplingParams
+    from mlxserve.server.lifecycle.engines import build_engine
 
     loaded = load_model(model_spec)
     notes.append(_env.dequantize(loaded.model))
     config = EngineConfig(max_total_tokens=32768, max_running_requests=requests)
-    engine = Engine(loaded, config)
+    engine = build_engine(loaded, config)
     engine.start()
     # phase, rows, tokens fed, positions computed, forwards, seconds
     steps: list[tuple[str, int, int, int, int, float]] = []

@@ -1,4 +1,8 @@
-"""The executor: owns the model and the pools, runs one batched forward + sampling."""
+"""The MLX executor: owns the model and the pools, runs one batched forward + sampling.
+
+It implements the engine's ``Executor`` protocol (``scheduler/executor.py``): numpy
+batches in, numpy tokens out; MLX arrays never leave this package.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import logging
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
+from mlx.utils import tree_flatten
 
 from mlxserve.mlx_backend.cpu.blas import adaptive_thread_control
 from mlxserve.mlx_backend.cpu.blas_threads import AdaptiveBlasThreads
@@ -15,37 +20,73 @@ from mlxserve.mlx_backend.kv.kv_pool import KVPool, StatePool
 from mlxserve.mlx_backend.kv.layer_layout import LayerLayout, probe_layout
 from mlxserve.mlx_backend.logits import LastTokenLogits, vocab_size
 from mlxserve.mlx_backend.logprobs import prompt_logprobs, prompt_positions, sampled_logprobs
+from mlxserve.mlx_backend.memory import plan_memory
 from mlxserve.mlx_backend.sampler import Sampler
 from mlxserve.scheduler.batch import ForwardBatch, ForwardOutput
-from mlxserve.scheduler.memory_plan import MemoryPlan
+from mlxserve.scheduler.memory_plan import MemoryPlan, MemoryStats, PoolRequest
 
 logger = logging.getLogger(__name__)
 
 
-class Executor:
+class MLXExecutor:
     """Runs unmodified mlx-lm models over the slot pools.
+
+    Built on any thread; ``plan``, ``allocate``, ``forward`` and ``close`` run on the
+    engine thread (MLX streams are per thread, and the pools must live on the thread that
+    writes them).
 
     Args:
         model: an mlx-lm model (``model(inputs, cache=[...]) -> logits``).
-        plan: how many slots of each kind to allocate.
-        layout: the model's caches (from ``probe_layout``).
         seed: seed of the sampling RNG.
     """
 
-    def __init__(
-        self,
-        model: nn.Module,
-        plan: MemoryPlan,
-        layout: LayerLayout | None = None,
-        seed: int = 0,
-    ) -> None:
+    def __init__(self, model: nn.Module, seed: int = 0) -> None:
         self.model = model
-        self.layout = layout if layout is not None else probe_layout(model)
-        self.kv = KVPool(self.layout, plan.full_tokens, plan.sliding_tokens)
-        self.states = StatePool(self.layout, plan.state_slots)
-        self.sampler = Sampler(seed)
-        self.logits = LastTokenLogits(model)
-        self.vocab_size = vocab_size(model)
+        self.seed = seed
+        self.layout: LayerLayout | None = None
+        self.kv: KVPool | None = None
+        self.states: StatePool | None = None
+        self.sampler: Sampler | None = None
+        self.logits: LastTokenLogits | None = None
+        self.blas_threads: AdaptiveBlasThreads | None = None
+        self._vocab_size = 0
+
+    @property
+    def vocab_size(self) -> int:
+        """The width of the model's logits (known once the pools are allocated)."""
+        if not self._vocab_size:
+            raise RuntimeError("the executor has not been allocated yet")
+        return self._vocab_size
+
+    def materialize(self) -> None:
+        # NOTE: MLX streams are per thread. A lazy array the model built at load time (e.g.
+        # a slope table kept in a private attribute) evaluated on the engine thread fails
+        # with "There is no Stream(cpu, 0) in current thread", so materialize every array
+        # reachable from the model here, on the thread that built it.
+        mx.eval([a for _, a in tree_flatten(self.model) if isinstance(a, mx.array)])
+
+    def plan(self, request: PoolRequest) -> MemoryPlan:
+        """Probe the model's caches (one token through mlx-lm's own) and size the pools."""
+        self.layout = probe_layout(self.model)
+        return plan_memory(
+            self.layout,
+            request.max_total_tokens,
+            request.max_running_requests,
+            request.max_prefill_tokens,
+            request.mem_fraction,
+            request.context_length,
+            prefix_cache=request.prefix_cache,
+        )
+
+    def allocate(self, plan: MemoryPlan) -> None:
+        if self.layout is None:
+            self.layout = probe_layout(self.model)
+        layout = self.layout
+        self.kv = KVPool(layout, plan.full_tokens, plan.sliding_tokens)
+        self.states = StatePool(layout, plan.state_slots)
+        self.sampler = Sampler(self.seed)
+        self.logits = LastTokenLogits(self.model)
+        self._vocab_size = vocab_size(self.model)
         control = adaptive_thread_control()
         self.blas_threads = None if control is None else AdaptiveBlasThreads(*control)
         if self.blas_threads is not None:
@@ -53,6 +94,27 @@ class Executor:
                 "OpenBLAS threads: %d, fewer while other processes keep CPUs busy",
                 self.blas_threads.threads,
             )
+        mib = 2**-20
+        logger.info(
+            "KV pools: %d full-attention slots (%.1f MiB), %d sliding-window slots "
+            "(window %s, %.1f MiB), %d recurrent-state slots (%.1f MiB)",
+            plan.full_tokens,
+            plan.full_tokens * layout.bytes_per_token("full") * mib,
+            plan.sliding_tokens,
+            plan.window,
+            plan.sliding_tokens * layout.bytes_per_token("sliding") * mib,
+            plan.state_slots,
+            plan.state_slots * layout.bytes_per_state_slot * mib,
+        )
+
+    def memory(self) -> MemoryStats:
+        return MemoryStats(mx.get_active_memory(), mx.get_peak_memory(), mx.get_cache_memory())
+
+    def close(self) -> None:
+        """Drop the pools (freed here, on the engine thread) and wait for MLX to finish."""
+        self.kv = None
+        self.states = None
+        mx.synchronize()
 
     def forward(self, batch: ForwardBatch) -> ForwardOutput:
         """Feed the batch's new tokens, write their K/V and states, sample one token per row.

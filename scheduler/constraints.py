@@ -42,10 +42,21 @@ class GrammarDeadEnd(ValueError):
 
 
 class Constraint:
-    """One request's matcher: the tokens allowed next, and the tokens sampled so far."""
+    """One request's matcher: the tokens allowed next, and the tokens sampled so far.
 
-    def __init__(self, matcher: llguidance.LLMatcher) -> None:
+    Args:
+        matcher: the compiled grammar's matcher, at the start of the output.
+        spec: what it was compiled from.
+    """
+
+    def __init__(self, matcher: llguidance.LLMatcher, spec: GrammarSpec) -> None:
         self.matcher = matcher
+        self.spec = spec
+
+    def copy(self) -> Constraint:
+        """An independent matcher in the same state (another choice of the same request),
+        without compiling the grammar again."""
+        return Constraint(self.matcher.deep_copy(), self.spec)
 
     def accept(self, token: int) -> None:
         """Advance by the sampled token.
@@ -75,6 +86,7 @@ class Constraint:
 
 class ConstraintCompiler:
     """Builds constraints for one tokenizer (building the token trie takes ~1 s, once).
+    Thread-safe: requests compile their grammars on worker threads.
 
     Args:
         tokenizer: the model's tokenizer (mlx-lm's wrapper or a Hugging Face fast one).
@@ -87,7 +99,6 @@ class ConstraintCompiler:
         eos = list(eos_token_ids) or None
         self.vocab_size = vocab_size
         self.tokenizer = llguidance.hf.from_tokenizer(hf, n_vocab=vocab_size, eos_token=eos)
-        self.executor = llguidance.LLExecutor()
 
     def grammar(self, spec: GrammarSpec) -> str:
         """llguidance's grammar text for ``spec``.
@@ -122,9 +133,22 @@ class ConstraintCompiler:
         matcher = llguidance.LLMatcher(self.tokenizer, self.grammar(spec))
         if matcher.is_error():
             raise ValueError(f"invalid {spec.kind} grammar: {matcher.get_error()}")
-        return Constraint(matcher)
+        return Constraint(matcher, spec)
 
-    def masks(self, constraints: list[Constraint | None]) -> np.ndarray | None:
+
+class TokenMasks:
+    """Computes the allowed-token bitmasks of a batch's constrained rows, all rows at once
+    on llguidance's thread pool.
+
+    Args:
+        vocab_size: the width of the model's logits.
+    """
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+        self.executor = llguidance.LLExecutor()
+
+    def __call__(self, constraints: list[Constraint | None]) -> np.ndarray | None:
         """The int32 bitmask ``[B, ceil(V / 32)]`` of the allowed tokens of each row (all
         ones for rows without a constraint), or None when no row has one."""
         rows = [(c.matcher, i) for i, c in enumerate(constraints) if c is not None]

@@ -1,4 +1,8 @@
-"""The engine thread: one loop of schedule -> forward -> process, fed by a thread-safe inbox."""
+"""The engine thread: one loop of schedule -> forward -> process, fed by a thread-safe inbox.
+
+The engine never touches MLX: it drives an ``Executor`` (``scheduler/executor.py``), and the
+server talks to it through the ``EngineClient`` protocol (``scheduler/client.py``).
+"""
 
 from __future__ import annotations
 
@@ -8,19 +12,16 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
+from typing import Any
 
-import mlx.core as mx
-from mlx.utils import tree_flatten
-
-from mlxserve.mlx_backend.executor import Executor
-from mlxserve.mlx_backend.kv.layer_layout import probe_layout
-from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
-from mlxserve.mlx_backend.memory import plan_memory
 from mlxserve.scheduler.batch import ForwardBatch
 from mlxserve.scheduler.config import EngineConfig
-from mlxserve.scheduler.constraints import ConstraintCompiler, GrammarSpec
+from mlxserve.scheduler.constraints import Constraint, ConstraintCompiler, GrammarSpec, TokenMasks
+from mlxserve.scheduler.executor import Executor
+from mlxserve.scheduler.inbox import AbortRequest, AddRequest, InboxMessage, Wake
+from mlxserve.scheduler.memory_plan import PoolRequest
 from mlxserve.scheduler.outputs import FinishReason, RequestOutput
 from mlxserve.scheduler.request import Request
 from mlxserve.scheduler.sampling_params import SamplingParams
@@ -31,22 +32,35 @@ logger = logging.getLogger(__name__)
 
 
 class Engine:
-    """Owns MLX (through the executor) on one thread; everything else talks to it through
-    ``add_request`` / ``abort``, which are thread-safe.
+    """Runs the executor on one thread; everything else talks to it through ``add_request``
+    / ``abort`` (the ``EngineClient`` protocol), which are thread-safe.
 
     Args:
-        loaded: the model and tokenizer.
+        executor: the backend (``mlx_backend.executor.MLXExecutor``), not yet allocated.
         config: pool sizes and limits.
+        context_length: the model's longest sequence (the pools may cap it further).
+        eos_token_ids: tokens that end a request (unless it ignores EOS).
+        tokenizer: the model's tokenizer, for grammars (None: no grammar can be compiled).
     """
 
-    def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
-        self.loaded = loaded
+    def __init__(
+        self,
+        executor: Executor,
+        config: EngineConfig,
+        *,
+        context_length: int,
+        eos_token_ids: Iterable[int] = (),
+        tokenizer: Any = None,
+    ) -> None:
+        self.executor = executor
         self.config = config
+        self.context_length = context_length
+        self.eos_token_ids = sorted(set(eos_token_ids))
+        self.tokenizer = tokenizer
         self.scheduler: Scheduler | None = None
-        self.executor: Executor | None = None
         self.max_context_len = 0
         self.error: BaseException | None = None
-        self._inbox: queue.Queue = queue.Queue()
+        self._inbox: queue.Queue[InboxMessage] = queue.Queue()
         self._requests: dict[str, Request] = {}
         self._audit_pending = False
         self._stop = threading.Event()
@@ -69,11 +83,7 @@ class Engine:
         Raises:
             RuntimeError: the engine failed to set up (the cause is chained).
         """
-        # NOTE: MLX streams are per thread. A lazy array the model built at load time (e.g.
-        # a slope table kept in a private attribute) evaluated on the engine thread fails
-        # with "There is no Stream(cpu, 0) in current thread", so materialize every array
-        # reachable from the model here, on the thread that built it.
-        mx.eval([a for _, a in tree_flatten(self.loaded.model) if isinstance(a, mx.array)])
+        self.executor.materialize()
         self._thread = threading.Thread(target=self._run, name="mlxserve-engine", daemon=True)
         self._thread.start()
         # NOTE: an engine thread still running MLX work while the interpreter finalizes
@@ -87,11 +97,16 @@ class Engine:
     def shutdown(self) -> None:
         """Stop the engine thread (idempotent); requests still queued are not served."""
         self._stop.set()
-        self._inbox.put(("wake", None))
+        self._inbox.put(Wake())
         if self._thread is not None:
             self._thread.join(timeout=30)
             _wait_for_native_exit(self._thread.native_id)
         atexit.unregister(self.shutdown)
+
+    @property
+    def vocab_size(self) -> int:
+        """The width of the model's logits."""
+        return self.executor.vocab_size
 
     @property
     def is_alive(self) -> bool:
@@ -110,27 +125,46 @@ class Engine:
         params: SamplingParams,
         on_output: Callable[[RequestOutput], None],
         grammar: GrammarSpec | None = None,
+        constraint: Constraint | None = None,
     ) -> None:
         """Queue a request. ``on_output`` is called from the engine thread with each step's
         new tokens; exactly one call has ``finished=True``.
 
+        Args:
+            grammar: a grammar the output must follow, compiled here (on the caller's
+                thread: several ms for a large schema).
+            constraint: a grammar compiled already (``compile_grammar``), used as it is;
+                each request needs a matcher of its own.
+
         Raises:
             ValueError: ``grammar`` is invalid (the message says why).
         """
-        constraint = self.constraint_compiler().compile(grammar) if grammar else None
+        if grammar is not None:
+            if constraint is not None:
+                raise ValueError("give a request a grammar or a compiled constraint, not both")
+            constraint = self.compile_grammar(grammar)
         req = Request(request_id, list(prompt_ids), params, on_output, constraint=constraint)
         with self._unfinished_lock:
             self._unfinished += 1
-        self._inbox.put(("add", req))
+        self._inbox.put(AddRequest(req))
+
+    def compile_grammar(self, spec: GrammarSpec) -> Constraint:
+        """A matcher for ``spec`` (any thread, after ``start``; the first call builds the
+        tokenizer's grammar compiler, ~1 s).
+
+        Raises:
+            ValueError: the grammar is invalid (llguidance's reason).
+        """
+        return self.constraint_compiler().compile(spec)
 
     def constraint_compiler(self) -> ConstraintCompiler:
-        """The grammar compiler for this model's tokenizer, built on first use (~1 s; any
-        thread, after ``start``)."""
+        """The grammar compiler for this model's tokenizer, built on first use."""
         with self._constraints_lock:
             if self._constraints is None:
-                eos = sorted(getattr(self.loaded.tokenizer, "eos_token_ids", None) or [])
+                if self.tokenizer is None:
+                    raise ValueError("this engine has no tokenizer to compile grammars with")
                 self._constraints = ConstraintCompiler(
-                    self.loaded.tokenizer, self.executor.vocab_size, eos
+                    self.tokenizer, self.executor.vocab_size, self.eos_token_ids
                 )
             return self._constraints
 
@@ -140,7 +174,7 @@ class Engine:
         ``reason`` is the finish reason of its last event: "abort", or "stop" when the
         server ended it on a stop string (so metrics count it as a stop).
         """
-        self._inbox.put(("abort", (request_id, reason)))
+        self._inbox.put(AbortRequest(request_id, reason))
 
     def stats(self) -> EngineStats:
         """The engine's state as of its last step, waiting counting requests still in the
@@ -168,36 +202,25 @@ class Engine:
 
     # ----------------------------------------------------------------- engine thread
     def _setup(self) -> None:
-        """Size the pools from the model's real cache shapes; build executor + scheduler."""
-        model = self.loaded.model
-        layout = probe_layout(model)
+        """Size the pools from the model's real cache shapes; allocate them; build the
+        scheduler over the same plan."""
         cfg = self.config
-        plan = plan_memory(
-            layout,
-            cfg.max_total_tokens,
-            cfg.max_running_requests,
-            cfg.max_prefill_tokens,
-            cfg.mem_fraction,
-            self.loaded.context_length,
-            prefix_cache=not cfg.disable_prefix_cache,
+        context = self.context_length
+        plan = self.executor.plan(
+            PoolRequest(
+                max_total_tokens=cfg.max_total_tokens,
+                max_running_requests=cfg.max_running_requests,
+                max_prefill_tokens=cfg.max_prefill_tokens,
+                mem_fraction=cfg.mem_fraction,
+                context_length=context,
+                prefix_cache=not cfg.disable_prefix_cache,
+            )
         )
-        context = self.loaded.context_length
         self.max_context_len = min(context, plan.full_tokens) if plan.full_tokens else context
-        self.executor = Executor(model, plan, layout, seed=cfg.seed)
-        eos = set(getattr(self.loaded.tokenizer, "eos_token_ids", None) or [])
-        self.scheduler = Scheduler(cfg, plan, self.max_context_len, eos)
-        mib = 2**-20
+        self.executor.allocate(plan)
+        self.scheduler = Scheduler(cfg, plan, self.max_context_len, set(self.eos_token_ids))
         logger.info(
-            "KV pools: %d full-attention slots (%.1f MiB), %d sliding-window slots "
-            "(window %s, %.1f MiB), %d recurrent-state slots (%.1f MiB); %d request rows, "
-            "context %d, prefill chunk %d",
-            plan.full_tokens,
-            plan.full_tokens * layout.bytes_per_token("full") * mib,
-            plan.sliding_tokens,
-            plan.window,
-            plan.sliding_tokens * layout.bytes_per_token("sliding") * mib,
-            plan.state_slots,
-            plan.state_slots * layout.bytes_per_state_slot * mib,
+            "%d request rows, context %d, prefill chunk %d",
             cfg.max_running_requests,
             self.max_context_len,
             cfg.max_prefill_tokens,
@@ -219,12 +242,8 @@ class Engine:
             self.error = e
             self._fail_everything(f"engine died: {e}")
         finally:
-            self._release_mlx()
-
-    def _release_mlx(self) -> None:
-        """Free the pools on the thread that made them, and wait for MLX to finish."""
-        self.executor = None
-        mx.synchronize()
+            # The pools are freed on the thread that made them.
+            self.executor.close()
 
     def step(self) -> None:
         """One engine step: take inbox messages, then schedule -> forward -> process."""
@@ -236,7 +255,7 @@ class Engine:
         batch = sched.schedule()
         if batch is not None:
             self._run_batch(batch)
-        self._stats = engine_stats(sched, self._unfinished, _mlx_memory())
+        self._stats = engine_stats(sched, self._unfinished, self.executor.memory())
 
     def _run_batch(self, batch: ForwardBatch) -> None:
         sched = self.scheduler
@@ -268,16 +287,16 @@ class Engine:
         except queue.Empty:
             return
         while True:
-            self._handle(*msg)
+            self._handle(msg)
             try:
                 msg = self._inbox.get_nowait()
             except queue.Empty:
                 return
 
-    def _handle(self, kind: str, payload) -> None:
+    def _handle(self, msg: InboxMessage) -> None:
         sched = self.scheduler
-        if kind == "add":
-            req: Request = payload
+        if isinstance(msg, AddRequest):
+            req = msg.request
             if req.request_id in self._requests:
                 self._deliver(req, sched.make_event(req, [], "error", error="duplicate id"))
                 return
@@ -287,13 +306,12 @@ class Engine:
                 self._deliver(req, sched.make_event(req, [], "error", error=str(e)))
                 return
             if req.constraint is not None and sched.constraints is None:
-                sched.constraints = self.constraint_compiler()
+                sched.constraints = TokenMasks(self.executor.vocab_size)
             self._requests[req.request_id] = req
-        elif kind == "abort":
-            request_id, reason = payload
-            req = sched.abort(request_id)
+        elif isinstance(msg, AbortRequest):
+            req = sched.abort(msg.request_id)
             if req is not None:
-                self._deliver(req, sched.make_event(req, [], reason))
+                self._deliver(req, sched.make_event(req, [], msg.reason))
 
     def _deliver(self, req: Request, event: RequestOutput) -> None:
         """Hand an event to the request's consumer; a consumer that raises fails only its
@@ -336,10 +354,6 @@ class Engine:
         self._requests.clear()
         with self._unfinished_lock:
             self._unfinished = 0
-
-
-def _mlx_memory() -> tuple[int, int, int]:
-    return mx.get_active_memory(), mx.get_peak_memory(), mx.get_cache_memory()
 
 
 def _wait_for_native_exit(native_id: int | None, timeout: float = 5.0) -> None:

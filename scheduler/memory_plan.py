@@ -25,3 +25,34 @@ class MemoryPlan:
     def recurrent(self) -> bool:
         """Recurrent layers cannot skip padding, so their prefill rows must be equal-length."""
         return self.state_slots > 0
+
+
+@dataclass(frozen=True)
+class PoolRequest:
+    """What the engine asks the executor to size its pools for.
+
+    Attributes:
+        max_total_tokens: token slots of the full-attention space (0: from free memory).
+        max_running_requests: request rows (one state slot, one window each).
+        max_prefill_tokens: the largest prefill chunk (sliding windows hold one more).
+        mem_fraction: share of free memory the pools may take when sized automatically.
+        context_length: the longest sequence a request may reach.
+        prefix_cache: the prefix cache is on (it keeps extra windows and state snapshots).
+    """
+
+    max_total_tokens: int
+    max_running_requests: int
+    max_prefill_tokens: int
+    mem_fraction: float
+    context_length: int
+    prefix_cache: bool
+
+
+@dataclass(frozen=True)
+class MemoryStats:
+    """The backend's memory, in bytes: held by arrays now, the most ever held, and cached
+    for reuse."""
+
+    active: int = 0
+    peak: int = 0
+    cache: int = 0

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -13,7 +12,7 @@ from mlxserve.kvpool import ReqToTokenPool, StateSlotAllocator
 from mlxserve.scheduler.batch import ForwardBatch, ForwardOutput
 from mlxserve.scheduler.batch_builder import build_forward_batch
 from mlxserve.scheduler.config import EngineConfig
-from mlxserve.scheduler.constraints import ConstraintCompiler, GrammarDeadEnd
+from mlxserve.scheduler.constraints import GrammarDeadEnd, TokenMasks
 from mlxserve.scheduler.logprob_events import record_prompt_logprobs, with_logprobs
 from mlxserve.scheduler.memory_plan import MemoryPlan
 from mlxserve.scheduler.outputs import FinishReason, RequestOutput
@@ -70,9 +69,7 @@ class Scheduler:
             enabled=not config.disable_prefix_cache,
         )
         # Set by the engine once a request with a grammar constraint arrives.
-        self.constraints: ConstraintCompiler | None = None
-        # Fault injection for tests: called with each sampled token before it is taken.
-        self.token_hook: Callable[[Request, int], None] | None = None
+        self.constraints: TokenMasks | None = None
         self._in_flight: list[Request] = []
         self._last_phase = "decode"
         self._arrivals = 0
@@ -248,7 +245,7 @@ class Scheduler:
                 r.constraint if sample else None
                 for (r, _), sample in zip(rows, batch.sample_rows, strict=True)
             ]
-            sampling = replace(sampling, token_bitmask=self.constraints.masks(constraints))
+            sampling = replace(sampling, token_bitmask=self.constraints(constraints))
         return replace(
             batch,
             sampling=sampling,
@@ -294,11 +291,9 @@ class Scheduler:
         """Append a sampled token; returns why the request finishes, if it does.
 
         Raises:
-            Exception: this request cannot go on (its grammar refused the token, or the
-                test hook raised); the caller fails it alone.
+            Exception: this request cannot go on (e.g. its grammar refused the token); the
+                caller fails it alone.
         """
-        if self.token_hook is not None:
-            self.token_hook(req, token)
         req.output_ids.append(token)
         return self._finish_reason(req, token)
 

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from mlxserve.scheduler.memory_plan import MemoryStats
 from mlxserve.scheduler.outputs import RequestOutput
 
 if TYPE_CHECKING:
@@ -148,7 +149,7 @@ class RequestStats:
 
 
 def engine_stats(
-    sched: Scheduler, num_unfinished: int, memory: tuple[int, int, int] = (0, 0, 0)
+    sched: Scheduler, num_unfinished: int, memory: MemoryStats | None = None
 ) -> EngineStats:
     """Snapshot ``sched`` (call on the engine thread, between steps).
 
@@ -156,8 +157,9 @@ def engine_stats(
         sched: the engine's scheduler.
         num_unfinished: requests submitted and not finished, including those still in the
             engine's inbox (they count as waiting).
-        memory: MLX's (active, peak, cache) bytes.
+        memory: the backend's memory (None: not known).
     """
+    memory = memory or MemoryStats()
     running = len(sched.running)
     # The tightest slot space decides when requests must wait, so it is the one reported.
     used, total = 0, 0
@@ -178,7 +180,7 @@ def engine_stats(
         prefix_cache_hits=sched.prefix_cache_hits,
         prefix_cache_tokens=sched.cache.held_tokens(),
         prompt_tokens_computed=sched.prompt_tokens_computed,
-        mlx_active_bytes=memory[0],
-        mlx_peak_bytes=memory[1],
-        mlx_cache_bytes=memory[2],
+        mlx_active_bytes=memory.active,
+        mlx_peak_bytes=memory.peak,
+        mlx_cache_bytes=memory.cache,
     )

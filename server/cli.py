@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mlxserve.scheduler.config import EngineConfig
-from mlxserve.server.config import ServerConfig
+from mlxserve.server.config import ModelConfig, ServerConfig
 
 # Google-style "name: text" or "name (type): text" lines of an "Attributes:" section.
 _ATTRIBUTE_LINE = re.compile(r"^(\w+)(?: \([^)]*\))?: (.*)$")
@@ -83,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve an LLM on MLX with an OpenAI-compatible HTTP API "
         "(/v1/chat/completions, /v1/completions, /v1/models, /health).",
     )
+    _add_dataclass_options(parser.add_argument_group("model options"), ModelConfig)
     _add_dataclass_options(parser.add_argument_group("server options"), ServerConfig)
     _add_dataclass_options(parser.add_argument_group("engine options"), EngineConfig)
     sub = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
@@ -114,12 +115,14 @@ def _convert(gguf_path: str, out_dir: str) -> int:
     return 0
 
 
-def _serve(server_config: ServerConfig, engine_config: EngineConfig) -> int:
+def _serve(
+    server_config: ServerConfig, model_config: ModelConfig, engine_config: EngineConfig
+) -> int:
     from mlxserve.mlx_backend.loading.loader import ModelLoadError
     from mlxserve.server.lifecycle.launch import serve
 
     try:
-        serve(server_config, engine_config)
+        serve(server_config, model_config, engine_config)
     except (ModelLoadError, RuntimeError) as e:
         # RuntimeError: the engine failed to start (e.g. no memory for its KV pool).
         return _fail(str(e))
@@ -136,6 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _convert(args.gguf_path, args.out_dir)
     try:
         server_config = _from_args(ServerConfig, args)
+        model_config = _from_args(ModelConfig, args)
         engine_config = _from_args(EngineConfig, args)
     except ValueError as e:
         parser.error(str(e))
@@ -144,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     _enable_fast_blas()
-    return _serve(server_config, engine_config)
+    return _serve(server_config, model_config, engine_config)
 
 
 def _enable_fast_blas() -> None:

@@ -1,4 +1,6 @@
-"""Server configuration: one frozen dataclass whose field defaults are the CLI defaults."""
+"""Server and model configuration: frozen dataclasses whose field defaults are the CLI
+defaults (``ServerConfig``: how the server is exposed and limited; ``ModelConfig``: what one
+served model is and how it is served)."""
 
 from __future__ import annotations
 
@@ -18,16 +20,9 @@ class ServerConfig:
     """How the HTTP server is exposed.
 
     Attributes:
-        model: the model to serve: a .gguf file, an MLX or Hugging Face model directory, or
-            a Hugging Face repo id (default: the embedded SmolLM2-135M-Instruct GGUF).
-        served_model_name: the model id clients send and /v1/models lists (default: the
-            loaded model's id).
         host: address to bind.
         port: TCP port to bind.
         log_level: logging level of the server and of uvicorn.
-        keep_quantized: on the CPU backend, serve quantized weights as they are instead of
-            dequantizing them to float32 (which is several times faster with OpenBLAS but
-            takes ~4-8x the weight memory).
         api_key: API keys, comma-separated, one of which every /v1/*, /tokenize and
             /detokenize request must send as "Authorization: Bearer KEY" (default: the
             MLXSERVE_API_KEY environment variable; unset: no authentication).
@@ -45,18 +40,11 @@ class ServerConfig:
             is aborted, so a stalled reader cannot hold the engine's memory.
         shutdown_timeout: seconds that running requests get to finish after SIGTERM/SIGINT
             before they are aborted.
-        tool_parser: how tool calls are read from the output: "auto" (the parser mlx-lm
-            gives the model's tokenizer, else "hermes"), "hermes" (<tool_call> JSON
-            </tool_call>, the default format), or one of mlx-lm's parsers (json_tools,
-            mistral, pythonic, qwen3_coder, glm47, ...).
     """
 
-    model: str | None = None
-    served_model_name: str | None = None
     host: str = "127.0.0.1"
     port: int = 8000
     log_level: LogLevel = "info"
-    keep_quantized: bool = False
     # Secrets stay out of repr(), so logging a config can never leak a key.
     api_key: str | None = field(default=None, repr=False)
     protect_metrics: bool = False
@@ -67,7 +55,6 @@ class ServerConfig:
     max_prompt_tokens: int = 0
     stream_buffer_tokens: int = 2048
     shutdown_timeout: float = 30.0
-    tool_parser: str = "auto"
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -80,7 +67,6 @@ class ServerConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.stream_buffer_tokens < 1:
             raise ValueError(f"stream_buffer_tokens must be >= 1, got {self.stream_buffer_tokens}")
-        check_tool_parser_name(self.tool_parser)
 
     def api_keys(self) -> tuple[str, ...]:
         """The accepted API keys: ``api_key``, else ``$MLXSERVE_API_KEY``; empty: no auth."""
@@ -90,3 +76,30 @@ class ServerConfig:
     def origins(self) -> list[str]:
         """The CORS origins of ``allowed_origins`` (empty: CORS off)."""
         return [o.strip() for o in (self.allowed_origins or "").split(",") if o.strip()]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """One served model.
+
+    Attributes:
+        model: the model to serve: a .gguf file, an MLX or Hugging Face model directory, or
+            a Hugging Face repo id (default: the embedded SmolLM2-135M-Instruct GGUF).
+        served_model_name: the model id clients send and /v1/models lists (default: the
+            loaded model's id).
+        keep_quantized: on the CPU backend, serve quantized weights as they are instead of
+            dequantizing them to float32 (which is several times faster with OpenBLAS but
+            takes ~4-8x the weight memory).
+        tool_parser: how tool calls are read from the output: "auto" (the parser mlx-lm
+            gives the model's tokenizer, else "hermes"), "hermes" (<tool_call> JSON
+            </tool_call>, the default format), or one of mlx-lm's parsers (json_tools,
+            mistral, pythonic, qwen3_coder, glm47, ...).
+    """
+
+    model: str | None = None
+    served_model_name: str | None = None
+    keep_quantized: bool = False
+    tool_parser: str = "auto"
+
+    def __post_init__(self) -> None:
+        check_tool_parser_name(self.tool_parser)

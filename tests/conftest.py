@@ -24,6 +24,7 @@ from mlxserve.scheduler.config import EngineConfig
 from mlxserve.scheduler.engine import Engine
 from mlxserve.scheduler.outputs import RequestOutput
 from mlxserve.scheduler.sampling_params import SamplingParams
+from mlxserve.server.lifecycle.engines import build_engine
 
 
 class NoEosTokenizer:
@@ -146,7 +147,7 @@ def make_engine() -> Iterator[Callable[..., Engine]]:
     engines: list[Engine] = []
 
     def build(loaded: LoadedModel, **config) -> Engine:
-        engine = Engine(loaded, EngineConfig(**config))
+        engine = build_engine(loaded, EngineConfig(**config))
         engine.start()
         engines.append(engine)
         return engine

@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
+from mlxserve.scheduler.constraints import GrammarSpec
 from mlxserve.scheduler.outputs import RequestOutput, TokenLogprob
 from mlxserve.scheduler.sampling_params import SamplingParams
 from mlxserve.scheduler.stats import EngineStats
@@ -22,6 +23,16 @@ from mlxserve.server.app import create_app
 from mlxserve.server.config import ServerConfig
 
 Script = Callable[[list[int], SamplingParams], list[int]]
+
+
+class ScriptedConstraint:
+    """A compiled grammar as far as the scripted engine cares: its spec."""
+
+    def __init__(self, spec: GrammarSpec) -> None:
+        self.spec = spec
+
+    def copy(self) -> ScriptedConstraint:
+        return ScriptedConstraint(self.spec)
 
 
 class ScriptedEngine:
@@ -36,6 +47,7 @@ class ScriptedEngine:
     """
 
     max_context_len = 4096
+    error: BaseException | None = None
 
     def __init__(self, script: Script) -> None:
         self.script = script
@@ -51,16 +63,27 @@ class ScriptedEngine:
     def stats(self) -> EngineStats:
         return EngineStats()
 
+    def compile_grammar(self, spec: GrammarSpec) -> Any:
+        """No matcher: the script is not checked against the grammar; the spec is kept."""
+        return ScriptedConstraint(spec)
+
+    def wait_idle(self, timeout: float = 30.0) -> bool:
+        return True
+
+    def shutdown(self) -> None:
+        pass
+
     def add_request(
         self,
         request_id: str,
         prompt_ids: list[int],
         params: SamplingParams,
         on_output: Callable[[RequestOutput], None],
-        grammar: Any = None,
+        grammar: GrammarSpec | None = None,
+        constraint: Any = None,
     ) -> None:
         self.requests.append((request_id, list(prompt_ids), params))
-        self.grammars.append(grammar)
+        self.grammars.append(constraint.spec if constraint is not None else grammar)
         tokens = self.script(list(prompt_ids), params)[: params.max_tokens]
         reason = "length" if len(tokens) == params.max_tokens else "stop"
         for i, token in enumerate(tokens):
@@ -96,5 +119,5 @@ def scripted_client(tokenizer: Any, script: Script) -> tuple[TestClient, Scripte
     engine = ScriptedEngine(script)
     vocab = {"vocab_size": len(tokenizer)}
     loaded = LoadedModel(None, tokenizer, "scripted", vocab, context_length=4096)
-    app = create_app(loaded, engine, ServerConfig())  # type: ignore[arg-type]
+    app = create_app(loaded, engine, ServerConfig())
     return TestClient(app), engine

@@ -6,7 +6,7 @@ import mlx.nn as nn
 
 from mlxserve.mlx_backend.loading.loader import load_model
 from mlxserve.server.cli import _from_args, build_parser
-from mlxserve.server.config import ServerConfig
+from mlxserve.server.config import ModelConfig
 from mlxserve.server.lifecycle.loading import convert_for_backend, keep_quantized_note
 
 
@@ -17,9 +17,9 @@ def quantized_layers(model: nn.Module) -> int:
 class TestWeightPolicy:
     def test_flag_parses_into_the_server_config(self):
         parser = build_parser()
-        assert _from_args(ServerConfig, parser.parse_args([])).keep_quantized is False
+        assert _from_args(ModelConfig, parser.parse_args([])).keep_quantized is False
         args = parser.parse_args(["--keep-quantized"])
-        assert _from_args(ServerConfig, args).keep_quantized is True
+        assert _from_args(ModelConfig, args).keep_quantized is True
 
     def test_default_conversion_dequantizes_and_the_flag_does_not(self):
         kept, converted = load_model(None), load_model(None)

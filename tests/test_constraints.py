@@ -129,14 +129,18 @@ def test_plain_requests_beside_constrained_ones_are_unchanged(smollm, make_engin
     assert tok.decode(results["c0"][0]).lstrip().startswith("{")
 
 
-def test_a_failing_token_hook_fails_only_its_request(tiny_llama, make_engine):
+def test_a_failing_token_hook_fails_only_its_request(tiny_llama, make_engine, monkeypatch):
     engine = make_engine(tiny_llama, max_total_tokens=256)
+    scheduler = engine.scheduler
+    accept = scheduler._accept
 
-    def hook(req, token):
+    def faulty_accept(req, token):
+        # Fault injection from the test side: taking the victim's third token raises.
         if req.request_id == "victim" and req.output_len == 2:
             raise RuntimeError("injected fault")
+        return accept(req, token)
 
-    engine.scheduler.token_hook = hook
+    monkeypatch.setattr(scheduler, "_accept", faulty_accept)
     col = Collector()
     for rid in ("a", "victim", "b"):
         submit(engine, col, rid, [5, 6, 7], max_tokens=6, temperature=0.0, ignore_eos=True)

@@ -12,10 +12,10 @@ SCRIPT = """
 import sys, threading
 from mlxserve.mlx_backend.loading.loader import load_model
 from mlxserve.scheduler.config import EngineConfig
-from mlxserve.scheduler.engine import Engine
+from mlxserve.server.lifecycle.engines import build_engine
 from mlxserve.scheduler.sampling_params import SamplingParams
 
-engine = Engine(load_model(None), EngineConfig(max_total_tokens=256))
+engine = build_engine(load_model(None), EngineConfig(max_total_tokens=256))
 engine.start()
 done = threading.Event()
 engine.add_request("a", [1, 2, 3], SamplingParams(max_tokens=2, temperature=0.0),

@@ -21,7 +21,7 @@ from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
 from mlxserve.scheduler.sampling_params import MAX_TOP_K, SamplingParams
 from mlxserve.server.api.openai.schemas import MAX_N
 from mlxserve.server.http.errors import APIError
-from mlxserve.server.http.limits import check_prompt_tokens
+from mlxserve.server.serving.limits import check_prompt_tokens
 from tests.hostile_helpers import (
     CONTEXT,
     assert_error_or_answer,

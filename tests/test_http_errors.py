@@ -17,10 +17,10 @@ from fastapi.testclient import TestClient
 
 from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
 from mlxserve.scheduler.config import EngineConfig
-from mlxserve.scheduler.engine import Engine
 from mlxserve.server.app import create_app
 from mlxserve.server.config import ServerConfig
 from mlxserve.server.http.errors import APIError
+from mlxserve.server.lifecycle.engines import build_engine
 from mlxserve.server.lifecycle.launch import BackgroundServer
 from mlxserve.server.serving.prompts import resolve_max_tokens
 from tests.ops_helpers import running_server
@@ -234,7 +234,7 @@ class TestDeadEngine:
     """With its engine stopped, /health says 503 and generation is refused with JSON."""
 
     def test_health_and_requests_503(self, smollm: LoadedModel, model: str) -> None:
-        engine = Engine(smollm, EngineConfig(max_total_tokens=256, max_running_requests=1))
+        engine = build_engine(smollm, EngineConfig(max_total_tokens=256, max_running_requests=1))
         engine.start()
         engine.shutdown()
         with TestClient(create_app(smollm, engine, ServerConfig())) as client:

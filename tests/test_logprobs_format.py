@@ -1,4 +1,5 @@
-"""Unit tests of the logprobs shapes (server/api/openai/logprobs.py)."""
+"""Unit tests of the logprobs shapes (server/api/openai/logprobs.py) and the token texts they
+show (server/serving/token_logprobs.py)."""
 
 from __future__ import annotations
 
@@ -6,13 +7,12 @@ import math
 
 from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
 from mlxserve.scheduler.outputs import TokenLogprob
-from mlxserve.server.api.openai.logprobs import (
+from mlxserve.server.api.openai.logprobs import chat_logprobs, completion_logprobs
+from mlxserve.server.serving.token_logprobs import (
     MIN_LOGPROB,
     TokenEntry,
     TokenTexts,
-    chat_logprobs,
     clamp,
-    completion_logprobs,
     prompt_entries,
 )
 

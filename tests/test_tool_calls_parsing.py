@@ -10,20 +10,16 @@ import random
 
 import pytest
 
-from mlxserve.server.api.openai.tools import (
-    NamedToolChoice,
-    ToolDefinition,
-    plan_tools,
-    tool_calls_rules,
-)
+from mlxserve.server.api.openai.tools import NamedToolChoice, ToolDefinition, plan_tools
 from mlxserve.server.cli import main
-from mlxserve.server.config import ServerConfig
+from mlxserve.server.config import ModelConfig
 from mlxserve.server.serving.tool_parsers import (
     check_tool_parser_name,
     hermes_format,
     resolve_tool_format,
     tool_parser_names,
 )
+from mlxserve.server.serving.tool_plan import tool_calls_rules
 from mlxserve.server.serving.tool_prompt import (
     hermes_messages,
     template_supports_tools,
@@ -118,7 +114,7 @@ class TestParsers:
         assert {"auto", "hermes", "json_tools", "mistral", "pythonic", "qwen3_coder"} <= set(names)
         check_tool_parser_name("mistral")
         with pytest.raises(ValueError, match="unknown tool parser 'nope'"):
-            ServerConfig(tool_parser="nope")
+            ModelConfig(tool_parser="nope")
 
     def test_cli_refuses_an_unknown_parser(self, capsys: pytest.CaptureFixture) -> None:
         with pytest.raises(SystemExit) as exit_info:
@@ -212,7 +208,7 @@ class TestPlan:
         assert '\\"b\\"' in named.grammar().value and '\\"a\\"' not in named.grammar().value
 
     def test_rules_use_compact_json_and_no_parameters_means_none(self) -> None:
-        rules = tool_calls_rules(self.tools("a"), parallel=False)
+        rules = tool_calls_rules([t.spec() for t in self.tools("a")], parallel=False)
         assert '"x-guidance": {"whitespace_flexible": false' in rules
         bare = ToolDefinition.model_validate({"type": "function", "function": {"name": "n"}})
-        assert '"additionalProperties": false' in tool_calls_rules([bare], parallel=False)
+        assert '"additionalProperties": false' in tool_calls_rules([bare.spec()], parallel=False)

@@ -37,7 +37,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from mlxserve.server.api.openai.logprobs import bytes_to_unicode
+from mlxserve.server.serving.token_logprobs import bytes_to_unicode
 
 # Sliding window used by every sliding-window model here: prompts longer than this
 # make the rotating caches wrap.

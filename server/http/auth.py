@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from mlxserve.server.http.errors import APIError
+from mlxserve.server.http.errors import APIError, ErrorShapes
 
 OPS_PATHS = ("/health", "/metrics", "/version")
 _API_PATHS = ("/v1", "/tokenize", "/detokenize")
@@ -45,20 +45,25 @@ def key_is_valid(authorization: str | None, keys: Sequence[bytes]) -> bool:
 
 
 class APIKeyAuth:
-    """ASGI middleware: 401 (OpenAI error JSON) unless a protected request has a valid key.
+    """ASGI middleware: 401 (in the route's error shape) unless a protected request has a
+    valid key.
 
     Args:
         app: the wrapped app.
         keys: the accepted keys (non-empty).
         protect_ops: also protect ``/health``, ``/metrics`` and ``/version``.
+        shapes: the app's error shapes.
     """
 
-    def __init__(self, app: ASGIApp, keys: Sequence[str], protect_ops: bool) -> None:
+    def __init__(
+        self, app: ASGIApp, keys: Sequence[str], protect_ops: bool, shapes: ErrorShapes
+    ) -> None:
         if not keys:
             raise ValueError("APIKeyAuth needs at least one key")
         self.app = app
         self._keys = [k.encode() for k in keys]
         self._protect_ops = protect_ops
+        self._shapes = shapes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and needs_key(scope["path"], self._protect_ops):
@@ -73,7 +78,7 @@ class APIKeyAuth:
                 error = APIError(
                     401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"}
                 )
-                await error.response()(scope, receive, send)
+                await self._shapes.response(error, scope["path"])(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 

@@ -1,12 +1,17 @@
-"""OpenAI-shaped errors: every failure answers ``{"error": {message, type, param, code}}``.
+"""Errors: one ``APIError`` for every protocol, rendered in the shape of the route it hit.
 
 Bad input is always a 4xx (400 ``invalid_request_error`` for anything the request body got
-wrong, like OpenAI), never a 500; 5xx is kept for failures of the server itself.
+wrong, like OpenAI), never a 500; 5xx is kept for failures of the server itself. The body's
+shape is the protocol's: ``ErrorShapes`` maps route prefixes to a renderer, and every route
+without one (the OpenAI API, ``/tokenize``, the operational routes) answers OpenAI's
+``{"error": {message, type, param, code}}``. Handlers and middlewares render through the
+app's ``ErrorShapes``, so a protocol adapter registers its shape once.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -48,12 +53,41 @@ class APIError(Exception):
         self.headers = headers
 
     def body(self) -> dict[str, Any]:
-        """The JSON body: ``{"error": {"message", "type", "param", "code"}}``."""
+        """The default (OpenAI) body: ``{"error": {"message", "type", "param", "code"}}``."""
         return error_body(self.message, self.type, self.param, self.code)
 
-    def response(self) -> JSONResponse:
-        """The JSON response (status, body and headers)."""
-        return JSONResponse(self.body(), status_code=self.status_code, headers=self.headers)
+    def response(self, shape: ErrorShape | None = None) -> JSONResponse:
+        """The JSON response (status, body in ``shape``, default OpenAI's, and headers)."""
+        body = shape(self) if shape is not None else self.body()
+        return JSONResponse(body, status_code=self.status_code, headers=self.headers)
+
+
+# A protocol's error body for an APIError.
+ErrorShape = Callable[[APIError], dict[str, Any]]
+
+
+class ErrorShapes:
+    """Which error shape each route answers: the longest registered prefix wins, the
+    default (OpenAI's) covers the rest."""
+
+    def __init__(self) -> None:
+        self._shapes: list[tuple[str, ErrorShape]] = []
+
+    def register(self, prefix: str, shape: ErrorShape) -> None:
+        """Answer errors of ``prefix`` and the routes under it in ``shape``."""
+        self._shapes.append((prefix, shape))
+        self._shapes.sort(key=lambda item: -len(item[0]))
+
+    def shape_for(self, path: str) -> ErrorShape | None:
+        """The shape of ``path`` (None: the default)."""
+        for prefix, shape in self._shapes:
+            if path == prefix or path.startswith(prefix + "/"):
+                return shape
+        return None
+
+    def response(self, error: APIError, path: str) -> JSONResponse:
+        """``error`` as the route at ``path`` answers it."""
+        return error.response(self.shape_for(path))
 
 
 def error_body(
@@ -111,42 +145,38 @@ def validation_error(errors: list[dict[str, Any]]) -> APIError:
     return invalid_request(f"Invalid value for '{param}': {msg}.", param=param)
 
 
-async def _api_error_handler(_: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, APIError)
-    return exc.response()
-
-
-async def _validation_handler(_: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, RequestValidationError)
-    api_error = validation_error(list(exc.errors()))
-    return JSONResponse(api_error.body(), status_code=api_error.status_code)
-
-
 _HTTP_CODES = {404: "not_found", 413: "request_too_large"}
 
 
-async def _http_handler(_: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, StarletteHTTPException)
-    kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
-    code = _HTTP_CODES.get(exc.status_code)
-    return JSONResponse(
-        error_body(str(exc.detail), kind, code=code),
-        status_code=exc.status_code,
-        headers=getattr(exc, "headers", None),
-    )
+def install_error_handlers(app: FastAPI, shapes: ErrorShapes) -> None:
+    """Answer every error of ``app`` in the shape of its route (``shapes``)."""
 
+    async def api_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, APIError)
+        return shapes.response(exc, request.url.path)
 
-async def _unexpected_handler(_: Request, exc: Exception) -> JSONResponse:
-    logger.exception("unhandled error while serving a request", exc_info=exc)
-    return JSONResponse(
-        error_body(f"Internal server error: {type(exc).__name__}", "server_error"),
-        status_code=500,
-    )
+    async def validation(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        return shapes.response(validation_error(list(exc.errors())), request.url.path)
 
+    async def http(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        error = APIError(
+            exc.status_code,
+            str(exc.detail),
+            type=kind,
+            code=_HTTP_CODES.get(exc.status_code),
+            headers=getattr(exc, "headers", None),
+        )
+        return shapes.response(error, request.url.path)
 
-def install_error_handlers(app: FastAPI) -> None:
-    """Answer every error of ``app`` in the OpenAI shape."""
-    app.add_exception_handler(APIError, _api_error_handler)
-    app.add_exception_handler(RequestValidationError, _validation_handler)
-    app.add_exception_handler(StarletteHTTPException, _http_handler)
-    app.add_exception_handler(Exception, _unexpected_handler)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unhandled error while serving a request", exc_info=exc)
+        error = APIError(500, f"Internal server error: {type(exc).__name__}", type="server_error")
+        return shapes.response(error, request.url.path)
+
+    app.add_exception_handler(APIError, api_error)
+    app.add_exception_handler(RequestValidationError, validation)
+    app.add_exception_handler(StarletteHTTPException, http)
+    app.add_exception_handler(Exception, unexpected)

@@ -1,4 +1,4 @@
-"""Backpressure and size limits: request body size, prompt length, queue depth.
+"""The request body size limit (prompt length and queue depth: ``serving/limits.py``).
 
 The body limit is ASGI middleware, so an oversized body is refused before any handler (or
 JSON parser) holds it: a ``Content-Length`` over the limit is answered at once, and a body
@@ -10,10 +10,7 @@ from __future__ import annotations
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mlxserve.server.http.errors import APIError
-
-# Seconds a client is told to wait after a 429 (the queue drains at the engine's pace).
-RETRY_AFTER_S = 1
+from mlxserve.server.http.errors import APIError, ErrorShapes
 
 
 def _too_large(max_bytes: int) -> APIError:
@@ -36,11 +33,13 @@ class BodyTooLarge(HTTPException):
 
 
 class BodySizeLimit:
-    """ASGI middleware: 413 for request bodies over ``max_bytes`` (0: no limit)."""
+    """ASGI middleware: 413 for request bodies over ``max_bytes`` (0: no limit), in the
+    error shape of the route (``shapes``)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, shapes: ErrorShapes) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.shapes = shapes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not self.max_bytes:
@@ -49,7 +48,7 @@ class BodySizeLimit:
         limit = self.max_bytes
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > limit:
-            await _too_large(limit).response()(scope, receive, send)
+            await self.shapes.response(_too_large(limit), scope["path"])(scope, receive, send)
             return
         received = 0
         started = False
@@ -74,30 +73,4 @@ class BodySizeLimit:
             # Read outside FastAPI's body parsing (e.g. by a middleware): answer here.
             if started:
                 raise
-            await _too_large(limit).response()(scope, receive, send)
-
-
-def check_prompt_tokens(prompt_tokens: int, max_prompt_tokens: int, param: str) -> None:
-    """Raises: APIError 400 ``prompt_too_long`` over ``max_prompt_tokens`` (0: no limit)."""
-    if max_prompt_tokens and prompt_tokens > max_prompt_tokens:
-        raise APIError(
-            400,
-            f"The {param} resulted in {prompt_tokens} tokens, more than this server's limit "
-            f"of {max_prompt_tokens} prompt tokens. Please reduce the length of the {param}.",
-            param=param,
-            code="prompt_too_long",
-        )
-
-
-def check_queue(waiting: int, max_queue: int) -> None:
-    """Raises: APIError 429 ``queue_full`` (with Retry-After) when ``waiting`` requests
-    already fill the queue of ``max_queue`` (0: no limit)."""
-    if max_queue and waiting >= max_queue:
-        raise APIError(
-            429,
-            f"The server is busy: {waiting} requests are already waiting (limit "
-            f"{max_queue}). Please retry later.",
-            type="rate_limit_exceeded",
-            code="queue_full",
-            headers={"Retry-After": str(RETRY_AFTER_S)},
-        )
+            await self.shapes.response(_too_large(limit), scope["path"])(scope, receive, send)

@@ -17,11 +17,13 @@ import uvicorn
 from fastapi import FastAPI
 
 from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
+from mlxserve.scheduler.client import EngineClient
 from mlxserve.scheduler.config import EngineConfig
 from mlxserve.scheduler.engine import Engine
 from mlxserve.server.app import VERSION, create_app
-from mlxserve.server.config import ServerConfig
+from mlxserve.server.config import ModelConfig, ServerConfig
 from mlxserve.server.http.auth import is_loopback
+from mlxserve.server.lifecycle.engines import build_engine
 from mlxserve.server.lifecycle.loading import (
     BackgroundLoader,
     LoadProgress,
@@ -39,8 +41,9 @@ logger = logging.getLogger(__name__)
 FLUSH_TIMEOUT_S = ABORT_FLUSH_S + 5
 
 
-def serve(config: ServerConfig, engine_config: EngineConfig) -> None:
-    """Bind ``config.host:port``, load ``config.model`` behind it, serve until a signal.
+def serve(config: ServerConfig, model_config: ModelConfig, engine_config: EngineConfig) -> None:
+    """Bind ``config.host:port``, load ``model_config.model`` behind it, serve until a
+    signal.
 
     Raises:
         mlxserve.mlx_backend.loading.loader.ModelLoadError: the model cannot be loaded.
@@ -51,17 +54,17 @@ def serve(config: ServerConfig, engine_config: EngineConfig) -> None:
         load_model,
     )
 
-    check_model_path(config.model)
+    check_model_path(model_config.model)
     logger.info(
         "mlxserve %s: model %s, backend %s, BLAS %s",
         VERSION,
-        config.model or "embedded SmolLM2-135M-Instruct",
+        model_config.model or "embedded SmolLM2-135M-Instruct",
         backend_name(),
         blas_line(),
     )
     warn_if_exposed(config)
     progress = LoadProgress()
-    app = create_app(None, None, config, progress)
+    app = create_app(None, None, config, progress, model_config)
     state: ServerState = app.state.server
     uv_config = uvicorn.Config(
         app,
@@ -72,13 +75,13 @@ def serve(config: ServerConfig, engine_config: EngineConfig) -> None:
     )
     server = GracefulServer(uv_config, state.shutdown, state.live_generations, state.engine_failure)
 
-    def on_ready(loaded: LoadedModel, engine: Engine) -> None:
+    def on_ready(loaded: LoadedModel, engine: EngineClient) -> None:
         state.attach(loaded, engine)
-        ctx = state.ctx
+        model = state.models.default()
         logger.info(
             "ready: serving %s (context %d tokens) at http://%s:%d/v1",
-            ctx.model_name,
-            ctx.context_length,
+            model.name,
+            model.context_length,
             config.host,
             config.port,
         )
@@ -87,12 +90,12 @@ def serve(config: ServerConfig, engine_config: EngineConfig) -> None:
         server.should_exit = True
 
     loader = BackgroundLoader(
-        lambda: load_model(config.model),
+        lambda: load_model(model_config.model),
         engine_config,
         progress,
         on_ready,
         on_failed,
-        convert=keep_quantized_note if config.keep_quantized else convert_for_backend,
+        convert=keep_quantized_note if model_config.keep_quantized else convert_for_backend,
     ).start()
     try:
         server.run()
@@ -207,7 +210,10 @@ class BackgroundServer:
 
 
 def serve_in_background(
-    loaded: LoadedModel, engine_config: EngineConfig, config: ServerConfig | None = None
+    loaded: LoadedModel,
+    engine_config: EngineConfig,
+    config: ServerConfig | None = None,
+    model_config: ModelConfig | None = None,
 ) -> BackgroundServer:
     """Start an engine for ``loaded`` and serve it on a background thread.
 
@@ -216,15 +222,16 @@ def serve_in_background(
         engine_config: engine sizes.
         config: server settings; host and port are taken from it (default: 127.0.0.1 on
             a free port).
+        model_config: how the model is served (served name, tool parser).
 
     Returns:
         The started server; ``.url``, ``.engine``; ``stop()`` stops uvicorn and the engine.
     """
     config = config or ServerConfig(port=0)
-    engine = Engine(loaded, engine_config)
+    engine = build_engine(loaded, engine_config)
     engine.start()
     try:
-        app = create_app(loaded, engine, config)
+        app = create_app(loaded, engine, config, model_config=model_config)
         server = BackgroundServer(app, config.host, config.port, log_level="warning")
         server.engine = engine
         return server.start()

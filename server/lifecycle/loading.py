@@ -20,10 +20,12 @@ from collections.abc import Callable
 from typing import Any
 
 from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
+from mlxserve.scheduler.client import EngineClient
 from mlxserve.scheduler.config import EngineConfig
 from mlxserve.scheduler.engine import Engine
 from mlxserve.scheduler.outputs import RequestOutput
 from mlxserve.scheduler.sampling_params import SamplingParams
+from mlxserve.server.lifecycle.engines import build_engine
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +121,7 @@ def keep_quantized_note(loaded: LoadedModel) -> str:
     return "weights kept as loaded (--keep-quantized)"
 
 
-def warm_up(engine: Engine, loaded: LoadedModel) -> None:
+def warm_up(engine: EngineClient, loaded: LoadedModel) -> None:
     """Run one tiny request (a prefill and a decode step) so the first client does not pay
     for MLX's first-use costs.
 
@@ -161,7 +163,7 @@ class BackgroundLoader:
         load: Callable[[], LoadedModel],
         engine_config: EngineConfig,
         progress: LoadProgress,
-        on_ready: Callable[[LoadedModel, Engine], None],
+        on_ready: Callable[[LoadedModel, EngineClient], None],
         on_failed: Callable[[BaseException], None] | None = None,
         convert: Callable[[LoadedModel], str | None] | None = convert_for_backend,
         warmup: bool = True,
@@ -197,7 +199,7 @@ class BackgroundLoader:
                 progress.begin("conversion")
                 note = self._convert(loaded)
             progress.begin("engine")
-            self.engine = Engine(loaded, self._engine_config)
+            self.engine = build_engine(loaded, self._engine_config)
             self.engine.start()
             if self._warmup:
                 progress.begin("warmup")

@@ -1,8 +1,9 @@
 """The server's life: loading -> ready -> draining, and what each phase answers.
 
-``ServerState`` is what the routes and the middlewares share (``app.state.server``). Until
-the model is loaded there is no ``ServingContext``: ``/health`` reports the loading
-progress and every API route answers 503. Once draining, generation is refused with 503.
+``ServerState`` is what the routes and the middlewares share (``app.state.server``): the
+model registry, the admission of requests, metrics, loading progress and the drain. Until
+the model is loaded the registry is empty: ``/health`` reports the loading progress and
+every API route answers 503. Once draining, generation is refused with 503.
 """
 
 from __future__ import annotations
@@ -10,17 +11,16 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from starlette.types import ASGIApp, Receive, Scope, Send
-
 from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
-from mlxserve.scheduler.engine import Engine
-from mlxserve.server.config import ServerConfig
-from mlxserve.server.http.auth import OPS_PATHS
+from mlxserve.scheduler.client import EngineClient
+from mlxserve.server.config import ModelConfig, ServerConfig
 from mlxserve.server.http.errors import APIError
 from mlxserve.server.lifecycle.loading import LoadProgress
 from mlxserve.server.lifecycle.metrics import Metrics
 from mlxserve.server.lifecycle.shutdown import ShutdownState
-from mlxserve.server.serving.context import ServingContext
+from mlxserve.server.models.registry import ModelRegistry
+from mlxserve.server.models.served_model import ModelInfo, ServedModel
+from mlxserve.server.serving.admission import Admission
 from mlxserve.server.serving.generation import Generation
 
 logger = logging.getLogger(__name__)
@@ -30,55 +30,76 @@ LOADING_RETRY_AFTER_S = 5
 
 
 class ServerState:
-    """Loading progress, drain state, and (once loaded) the serving context and metrics.
+    """Loading progress, drain state, the served models and (once loaded) the metrics.
 
     Args:
         config: the server configuration.
         progress: the loading progress (default: a fresh one, without a progress bar).
+        model_config: how the model is served (served name, tool parser).
     """
 
-    def __init__(self, config: ServerConfig, progress: LoadProgress | None = None) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        progress: LoadProgress | None = None,
+        model_config: ModelConfig | None = None,
+    ) -> None:
         self.config = config
+        self.model_config = model_config or ModelConfig()
         self.progress = progress or LoadProgress(show_bar=False)
         self.shutdown = ShutdownState(config.shutdown_timeout)
         self.metrics: Metrics | None = None
-        self.ctx: ServingContext | None = None
+        self.models = ModelRegistry()
+        self.admission = Admission(config)
 
-    def attach(self, loaded: LoadedModel, engine: Engine) -> None:
+    @property
+    def model(self) -> ServedModel | None:
+        """The served model (None while it loads)."""
+        return self.models.default() if len(self.models) else None
+
+    def attach(self, loaded: LoadedModel, engine: EngineClient) -> None:
         """The model is loaded and its engine started: start serving (any thread)."""
-        ctx = ServingContext(loaded, engine, self.config)
-        metrics = Metrics(ctx.model_name, ctx.context_length, engine.stats)
+        info = ModelInfo(
+            loaded.model_id,
+            loaded.tokenizer,
+            loaded.context_length,
+            int(loaded.config.get("vocab_size") or 0),
+        )
+        model = ServedModel(info, engine, self.model_config)
+        metrics = Metrics(model.name, model.context_length, engine.stats)
         engine.observer = metrics
         self.metrics = metrics
-        self.ctx = ctx  # last: routes take a non-None ctx to mean "ready"
+        self.models.add(model)  # last: the gate takes a served model to mean "ready"
         self.progress.finish()
 
     def live_generations(self) -> list[Generation]:
-        return self.ctx.live_generations() if self.ctx is not None else []
+        return self.admission.live_generations()
 
     def engine_failure(self) -> str | None:
         """Why the engine thread is dead, once it was serving (None while it is fine,
         still loading, or stopped by a shutdown)."""
-        if self.ctx is None or self.shutdown.draining or self.ctx.engine.is_alive:
+        model = self.model
+        if model is None or self.shutdown.draining or model.engine.is_alive:
             return None
-        return str(getattr(self.ctx.engine, "error", None) or "engine thread stopped")
+        return str(model.engine.error or "engine thread stopped")
 
     def health(self) -> tuple[int, dict[str, Any]]:
         """``/health``'s status code and body."""
         if self.shutdown.draining:
             return 503, {"status": "draining"}
-        if self.ctx is None:
+        model = self.model
+        if model is None:
             return 503, self.progress.snapshot()
-        engine = self.ctx.engine
+        engine = model.engine
         if engine.is_alive:
             return 200, {"status": "ok"}
-        error = getattr(engine, "error", None)
+        error = engine.error
         detail = f"engine is not running: {error}" if error else "engine is not running"
         return 503, {"status": "unavailable", "detail": detail}
 
     def refusal(self, method: str) -> APIError | None:
         """Why an API request cannot be served now, or None."""
-        if self.ctx is None:
+        if self.model is None:
             snap = self.progress.snapshot()
             if snap["status"] == "failed":
                 return APIError(
@@ -103,19 +124,3 @@ class ServerState:
                 code="server_shutting_down",
             )
         return None
-
-
-class ServiceGate:
-    """ASGI middleware: answers API requests with 503 while loading or shutting down."""
-
-    def __init__(self, app: ASGIApp, state: ServerState) -> None:
-        self.app = app
-        self.state = state
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] not in OPS_PATHS:
-            error = self.state.refusal(scope["method"])
-            if error is not None:
-                await error.response()(scope, receive, send)
-                return
-        await self.app(scope, receive, send)

@@ -12,8 +12,8 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from mlxserve.server.api.openai.response_models import Usage
 from mlxserve.server.serving.generation import Chunk, Generation, GenerationError
+from mlxserve.server.serving.usage import UsageCounts
 
 
 @dataclass
@@ -46,27 +46,19 @@ class Choices:
         return self.generations[0].prompt_ids
 
     def start(self) -> None:
-        """Hand every choice to the engine (one after the other, in the same instant).
-
-        Raises:
-            ValueError: the engine refused a choice's grammar (those started are aborted).
-        """
-        try:
-            for gen in self.generations:
-                gen.start()
-        except ValueError:
-            self.abort()
-            raise
+        """Hand every choice to the engine (one after the other, in the same instant)."""
+        for gen in self.generations:
+            gen.start()
 
     def abort(self) -> None:
         """Stop every choice still running (idempotent)."""
         for gen in self.generations:
             gen.abort()
 
-    def usage(self) -> Usage:
-        """Usage as OpenAI counts it: the prompt once, the completions of all choices."""
+    def usage(self) -> UsageCounts:
+        """What the answer used: the prompt once, the completions of all choices."""
         first = self.generations[0]
-        return Usage.of(
+        return UsageCounts(
             first.prompt_tokens,
             sum(gen.completion_tokens for gen in self.generations),
             first.cached_tokens,

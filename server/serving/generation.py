@@ -30,13 +30,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from mlxserve.scheduler.constraints import GrammarSpec
-from mlxserve.scheduler.engine import Engine
+from mlxserve.scheduler.client import EngineClient
+from mlxserve.scheduler.constraints import Constraint
 from mlxserve.scheduler.outputs import RequestOutput
 from mlxserve.scheduler.sampling_params import SamplingParams
-from mlxserve.server.api.openai.logprobs import TokenEntry
 from mlxserve.server.serving.detokenizer import IncrementalDetokenizer
 from mlxserve.server.serving.stop_strings import StopMatcher
+from mlxserve.server.serving.token_logprobs import TokenEntry
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +93,8 @@ class Generation:
             failed (None: unbounded).
         keep_output: False to run the request for its prompt only (``echo`` with
             ``max_tokens`` 0): the generated token is dropped, the finish reason is "length".
-        grammar: the constraint the output follows (structured output, tool calls).
+        constraint: the compiled grammar the output follows (structured output, tool
+            calls), this request's own matcher.
 
     Attributes:
         prompt_logprobs: the engine's prompt logprobs (when asked), once the first token came.
@@ -102,7 +103,7 @@ class Generation:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: EngineClient,
         tokenizer: Any,
         request_id: str,
         prompt_ids: list[int],
@@ -112,7 +113,7 @@ class Generation:
         max_buffered_tokens: int | None = None,
         *,
         keep_output: bool = True,
-        grammar: GrammarSpec | None = None,
+        constraint: Constraint | None = None,
     ) -> None:
         self.engine = engine
         self.request_id = request_id
@@ -136,22 +137,21 @@ class Generation:
         self._min_tokens = params.min_tokens
         self._want_logprobs = params.logprobs is not None
         self._keep_output = keep_output
-        self.grammar = grammar
+        self.constraint = constraint
         self._text_len = 0  # characters detokenized so far (before stop matching)
         self.prompt_logprobs: list[Any] | None = None
         self.cached_tokens = 0
         self._started_at = 0.0
 
     def start(self) -> None:
-        """Hand the request to the engine.
-
-        Raises:
-            ValueError: the engine refused the grammar.
-        """
+        """Hand the request to the engine."""
         self._started_at = time.monotonic()
-        extra = {"grammar": self.grammar} if self.grammar is not None else {}
         self.engine.add_request(
-            self.request_id, self.prompt_ids, self.params, self._on_output, **extra
+            self.request_id,
+            self.prompt_ids,
+            self.params,
+            self._on_output,
+            constraint=self.constraint,
         )
         if self._timeout:
             self._timer = self._loop.call_later(self._timeout, self._on_timeout)

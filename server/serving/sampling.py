@@ -1,4 +1,4 @@
-"""A request's parameters -> the engine's ``SamplingParams`` (one per choice).
+"""A spec's sampling fields -> the engine's ``SamplingParams`` (one per choice).
 
 Checks that need the model are made here: ``logit_bias`` token ids inside the vocabulary
 (MLX does not bounds-check, so a bad id must never reach the engine) and ``min_tokens``
@@ -9,8 +9,10 @@ within the resolved token budget. With ``n`` > 1 and a ``seed``, choice ``i`` sa
 from __future__ import annotations
 
 from mlxserve.scheduler.sampling_params import SamplingParams
-from mlxserve.server.api.openai.schemas import INT64_MAX, INT64_MIN, GenerationRequest
 from mlxserve.server.http.errors import invalid_request
+from mlxserve.server.serving.spec import SamplingSpec
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 def choice_seed(seed: int | None, index: int) -> int | None:
@@ -43,12 +45,12 @@ def check_logit_bias(
 
 
 def engine_params(
-    body: GenerationRequest, max_tokens: int, vocab_size: int, index: int = 0
+    sampling: SamplingSpec, max_tokens: int, vocab_size: int, index: int = 0
 ) -> SamplingParams:
-    """The sampling parameters of choice ``index`` of ``body``.
+    """The sampling parameters of choice ``index`` of a request.
 
     Args:
-        body: the parsed request.
+        sampling: the request's sampling fields.
         max_tokens: the resolved completion budget (>= 1).
         vocab_size: tokens the model can take and produce.
         index: the choice (0..n-1).
@@ -56,29 +58,29 @@ def engine_params(
     Raises:
         APIError: 400 for parameters the model or the budget cannot take.
     """
-    if body.min_tokens > max_tokens:
+    if sampling.min_tokens > max_tokens:
         raise invalid_request(
-            f"'min_tokens' ({body.min_tokens}) must not exceed the completion budget "
+            f"'min_tokens' ({sampling.min_tokens}) must not exceed the completion budget "
             f"'max_tokens' ({max_tokens}).",
             param="min_tokens",
         )
     try:
         return SamplingParams(
             max_tokens=max_tokens,
-            temperature=1.0 if body.temperature is None else body.temperature,
-            top_p=1.0 if body.top_p is None else body.top_p,
+            temperature=1.0 if sampling.temperature is None else sampling.temperature,
+            top_p=1.0 if sampling.top_p is None else sampling.top_p,
             # top_k past the vocabulary keeps every token: it is "off" (and fits int32).
-            top_k=0 if (body.top_k or 0) >= vocab_size else max(body.top_k or 0, 0),
-            min_p=body.min_p or 0.0,
-            ignore_eos=body.ignore_eos,
-            seed=choice_seed(body.seed, index),
-            presence_penalty=body.presence_penalty or 0.0,
-            frequency_penalty=body.frequency_penalty or 0.0,
-            repetition_penalty=body.repetition_penalty or 1.0,
-            logit_bias=check_logit_bias(body.logit_bias, vocab_size),
-            min_tokens=body.min_tokens,
-            logprobs=body.logprobs_count(),
-            prompt_logprobs=body.prompt_logprobs_count(),
+            top_k=0 if (sampling.top_k or 0) >= vocab_size else max(sampling.top_k or 0, 0),
+            min_p=sampling.min_p or 0.0,
+            ignore_eos=sampling.ignore_eos,
+            seed=choice_seed(sampling.seed, index),
+            presence_penalty=sampling.presence_penalty or 0.0,
+            frequency_penalty=sampling.frequency_penalty or 0.0,
+            repetition_penalty=sampling.repetition_penalty or 1.0,
+            logit_bias=check_logit_bias(sampling.logit_bias, vocab_size),
+            min_tokens=sampling.min_tokens,
+            logprobs=sampling.logprobs,
+            prompt_logprobs=sampling.prompt_logprobs,
         )
     except ValueError as e:
         # The schema checks the same ranges first; this is the engine's last word.

@@ -23,6 +23,7 @@ from mlxserve.server.api.openai.response_models import (
     CompletionChoice,
     FunctionCall,
     ToolCall,
+    Usage,
 )
 from mlxserve.server.api.openai.shapers import (
     ChatShaper,
@@ -104,7 +105,7 @@ async def complete_chat(
                 finish_reason=shaper.finish_reason(result.finish_reason),
             )
         )
-    return ChatCompletion(id=choices.id, model=model, choices=out, usage=choices.usage())
+    return ChatCompletion(id=choices.id, model=model, choices=out, usage=Usage.of(choices.usage()))
 
 
 async def complete_text(
@@ -127,4 +128,4 @@ async def complete_text(
                 finish_reason=result.finish_reason,
             )
         )
-    return Completion(id=choices.id, model=model, choices=out, usage=choices.usage())
+    return Completion(id=choices.id, model=model, choices=out, usage=Usage.of(choices.usage()))

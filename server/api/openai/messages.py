@@ -1,4 +1,5 @@
-"""Chat messages as OpenAI sends them, and the prompt the model's chat template makes of them.
+"""Chat messages as OpenAI sends them, turned into the conversation a chat template renders
+(``server/serving/conversation.py``).
 
 Roles: system (and "developer", its newer name), user, assistant and tool. ``content`` is a
 string or a list of text parts (``{"type": "text", "text": ...}``, joined with newlines);
@@ -6,10 +7,6 @@ other part types are refused by name. Assistant messages may carry ``tool_calls`
 JSON ``arguments`` are handed to the template as objects, as vLLM does, since most
 templates ``tojson`` them) and ``reasoning_content``; tool messages need ``tool_call_id``.
 
-Rendering follows vLLM's extensions: ``add_generation_prompt`` (default true) opens the
-assistant's turn; ``continue_final_message`` (or ``add_generation_prompt: false`` after an
-assistant message) leaves the final assistant message open so that the model continues it;
-``chat_template_kwargs`` are extra template variables (e.g. ``enable_thinking``).
 """
 
 from __future__ import annotations
@@ -17,36 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-import jinja2
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
-
-from mlxserve.server.http.errors import APIError, invalid_request
-from mlxserve.server.serving.special_tokens import SpecialTokenGuard
-from mlxserve.server.serving.tool_prompt import (
-    hermes_messages,
-    template_supports_tools,
-    tool_results_as_user,
-)
-
-# Template variables a request may not set through chat_template_kwargs.
-RESERVED_TEMPLATE_KWARGS = frozenset(
-    {
-        "messages",
-        "conversation",
-        "tools",
-        "documents",
-        "chat_template",
-        "add_generation_prompt",
-        "continue_final_message",
-        "tokenize",
-        "return_dict",
-        "return_tensors",
-        "padding",
-        "truncation",
-        "max_length",
-        "tokenizer_kwargs",
-    }
-)
 
 
 class _Model(BaseModel):
@@ -191,118 +159,6 @@ class ChatMessage(_Model):
         return message
 
 
-def continuation_mode(
-    messages: list[ChatMessage],
-    add_generation_prompt: bool | None,
-    continue_final_message: bool,
-) -> tuple[bool, bool]:
-    """Resolve ``(add_generation_prompt, continue_final_message)`` as vLLM does, with
-    ``add_generation_prompt: false`` after a final assistant message meaning "continue it".
-
-    Raises:
-        APIError: 400 when both are asked, or a continuation without a final assistant
-            message.
-    """
-    last_is_assistant = messages[-1].role == "assistant"
-    if continue_final_message:
-        if add_generation_prompt:
-            raise invalid_request(
-                "'continue_final_message' and 'add_generation_prompt' cannot both be true.",
-                param="continue_final_message",
-            )
-        if not last_is_assistant:
-            raise invalid_request(
-                "'continue_final_message' needs the last message to be an assistant message.",
-                param="continue_final_message",
-            )
-        return False, True
-    if add_generation_prompt is None:
-        return True, False
-    return add_generation_prompt, (not add_generation_prompt and last_is_assistant)
-
-
-def check_template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
-    """Raises: APIError 400 for a ``chat_template_kwargs`` key the server sets itself."""
-    kwargs = dict(kwargs or {})
-    reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(kwargs))
-    if reserved:
-        raise invalid_request(
-            f"'chat_template_kwargs' may not set {reserved[0]!r}.", param="chat_template_kwargs"
-        )
-    return kwargs
-
-
-def render_chat(
-    tokenizer: Any,
-    messages: list[ChatMessage],
-    *,
-    add_generation_prompt: bool = True,
-    continue_final_message: bool = False,
-    template_kwargs: dict[str, Any] | None = None,
-    add_special_tokens: bool = False,
-    tools: list[dict[str, Any]] | None = None,
-) -> tuple[str, list[int]]:
-    """Render ``messages`` with the model's chat template.
-
-    ``tools`` (OpenAI tool dicts) go to a template that knows tools; for one that does not,
-    the tools, the assistant's tool calls and the tool results are written into the
-    messages in the default format (``server/serving/tool_prompt.py``), and a template refusing the
-    ``tool`` role gets tool results as user messages.
-
-    Returns:
-        ``(prompt text, prompt token ids)``; the ids are the text encoded without added
-        special tokens unless ``add_special_tokens`` (what HF's ``tokenize=True`` does).
-
-    Raises:
-        APIError: 400 if the model has no chat template or the template rejects the
-            conversation (e.g. roles that do not alternate).
-    """
-    if not getattr(tokenizer, "has_chat_template", True):
-        raise invalid_request(
-            "This model has no chat template; use /v1/completions instead.",
-            param="messages",
-            code="no_chat_template",
-        )
-    kwargs = check_template_kwargs(template_kwargs)
-    if continue_final_message:
-        # Only when asked: custom renderers (mlx-lm's chat_template callables) may not take it.
-        kwargs["continue_final_message"] = True
-    conversation = [m.template_dict() for m in messages]
-    attempts = [conversation]
-    if template_supports_tools(tokenizer):
-        if tools:
-            kwargs["tools"] = tools
-    else:
-        conversation = hermes_messages(conversation, tools)
-        attempts = [conversation, tool_results_as_user(conversation)]
-        if attempts[1] == conversation:
-            attempts.pop()
-    # Special-token text of the client's becomes plain text (server/serving/special_tokens.py).
-    guard = SpecialTokenGuard(tokenizer, [attempts, kwargs])
-    for attempt, conversation in enumerate(attempts):
-        try:
-            text = tokenizer.apply_chat_template(
-                guard.mask(conversation),
-                tokenize=False,
-                add_generation_prompt=add_generation_prompt,
-                **guard.mask(kwargs),
-            )
-            break
-        except APIError:
-            raise
-        except (
-            jinja2.TemplateError,
-            ValueError,
-            TypeError,
-            KeyError,
-            IndexError,
-            RecursionError,
-        ) as e:
-            if attempt + 1 < len(attempts):
-                continue
-            message = f"The chat template rejected the messages: {e}"
-            raise invalid_request(message, "messages") from e
-    if not isinstance(text, str):
-        raise invalid_request("The chat template did not render one prompt.", "messages")
-    ids = guard.encode(text, add_special_tokens=add_special_tokens)
-    return guard.restore(text), ids
+def conversation_of(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """The messages as a chat template takes them."""
+    return [m.template_dict() for m in messages]

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, model_serializer
 
 from mlxserve.server.api.openai.logprobs import ChatLogprobs, CompletionLogprobs
+from mlxserve.server.serving.usage import UsageCounts
 
 FinishReason = Literal["stop", "length", "tool_calls"]
 
@@ -27,12 +28,12 @@ class Usage(BaseModel):
     prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
 
     @classmethod
-    def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> Usage:
+    def of(cls, counts: UsageCounts) -> Usage:
         return cls(
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            total_tokens=prompt_tokens + completion_tokens,
-            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
+            prompt_tokens=counts.prompt_tokens,
+            completion_tokens=counts.completion_tokens,
+            total_tokens=counts.total_tokens,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=counts.cached_tokens),
         )
 
 

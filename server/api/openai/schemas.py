@@ -22,13 +22,14 @@ from mlxserve.server.api.openai.structured_output import (
     json_schema_value,
 )
 from mlxserve.server.api.openai.tools import NamedToolChoice, ToolChoice, ToolDefinition
+from mlxserve.server.serving.sampling import INT64_MAX, INT64_MIN
 
 # OpenAI's limits.
 MAX_STOP_STRINGS = 4
 MAX_N = 128
 MAX_TOP_LOGPROBS = 20
 MAX_LOGIT_BIAS = 100.0
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
 
 # OpenAI parameters we do not implement, and the values that mean "off" (accepted).
 _NOOP_VALUES: dict[str, tuple[Any, ...]] = {

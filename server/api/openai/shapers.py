@@ -1,12 +1,8 @@
-"""One choice's chunks -> what the client sees: chat deltas or completion text + logprobs.
+"""One choice's chunks -> what an OpenAI client sees: chat deltas or completion text +
+logprobs.
 
-The same shaper serves a stream (one call per chunk) and a whole answer (the calls
-concatenated), so the two always agree.
-
-- Chat: reasoning models' ``<think>`` part goes to ``reasoning_content``
-  (``server/serving/reasoning.py``); with tools, calls are split off the content
-  (``server/serving/tool_stream.py``) and a stop after a call finishes with "tool_calls"; logprobs
-  in the chat shape.
+- Chat: the neutral pieces (``server/serving/pieces.py``: reasoning, content, tool calls)
+  with logprobs in the chat shape; a stop after a call finishes with "tool_calls".
 - Completions: ``echo`` puts the prompt (and with ``logprobs`` its logprobs, the first one
   null) before the completion; logprobs in the completions shape, ``text_offset`` counted
   from the start of the returned text.
@@ -20,15 +16,14 @@ from typing import Any
 from mlxserve.server.api.openai.logprobs import (
     ChatTokenLogprob,
     CompletionLogprobs,
-    TokenTexts,
     chat_logprobs,
     completion_logprobs,
-    prompt_entries,
 )
-from mlxserve.server.api.openai.tools import ToolPlan
 from mlxserve.server.serving.generation import Chunk, Generation
-from mlxserve.server.serving.reasoning import ReasoningSplitter
-from mlxserve.server.serving.tool_stream import ParsedCall, ToolCallSplitter
+from mlxserve.server.serving.pieces import PieceSplitter
+from mlxserve.server.serving.token_logprobs import TokenTexts, prompt_entries
+from mlxserve.server.serving.tool_plan import ToolPlan
+from mlxserve.server.serving.tool_stream import ParsedCall
 
 
 @dataclass
@@ -63,41 +58,24 @@ class ChatShaper:
     ) -> None:
         self._texts = texts
         self._top = top_logprobs
-        self._splitter = ReasoningSplitter(in_reasoning) if reasoning else None
-        self._tools = None
-        if tools is not None and tools.parse is not None:
-            self._tools = ToolCallSplitter(tools.parse, tools.prompt_tools, tools.parallel)
+        self._pieces = PieceSplitter(reasoning, in_reasoning, tools)
 
     @property
     def saw_reasoning(self) -> bool:
-        return self._splitter is not None and self._splitter.saw_reasoning
+        return self._pieces.saw_reasoning
 
     def piece(self, chunk: Chunk) -> ChatPiece:
-        if self._splitter is None:
-            reasoning, content = "", chunk.text
-        else:
-            reasoning, content = self._splitter.feed(chunk.text)
-            if chunk.finish_reason is not None:
-                tail_reasoning, tail_content = self._splitter.flush()
-                reasoning, content = reasoning + tail_reasoning, content + tail_content
-        calls: list[ParsedCall] = []
-        first_call = 0
-        if self._tools is not None:
-            first_call = self._tools.calls_made
-            content, calls = self._tools.feed(content)
-            if chunk.finish_reason is not None:
-                tail, more = self._tools.flush()
-                content, calls = content + tail, calls + more
+        piece = self._pieces.piece(chunk)
         logprobs = None
         if self._texts is not None:
-            logprobs = chat_logprobs(chunk.tokens, self._texts, self._top)
-        return ChatPiece(reasoning, content, logprobs, calls, first_call)
+            logprobs = chat_logprobs(piece.tokens, self._texts, self._top)
+        return ChatPiece(
+            piece.reasoning, piece.content, logprobs, piece.tool_calls, piece.first_call_index
+        )
 
     def finish_reason(self, reason: str) -> str:
         """The choice's finish reason: "tool_calls" for a stop after a call."""
-        if reason == "stop" and self._tools is not None and self._tools.calls_made:
-            return "tool_calls"
-        return reason
+        return "tool_calls" if self._pieces.stopped_for_tools(reason) else reason
 
 
 class CompletionShaper:

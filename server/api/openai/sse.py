@@ -63,7 +63,7 @@ async def _events(
             for event in on_chunk(index, chunk):
                 yield _sse(event)
         if make_usage is not None:
-            yield _sse(make_usage(choices.usage()))
+            yield _sse(make_usage(Usage.of(choices.usage())))
         yield _sse("[DONE]")
     except GenerationError as e:
         # The status line (200) is already sent: report in-band, as OpenAI does.

@@ -20,16 +20,17 @@ vocabulary are refused with 400 before they reach the tokenizer.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from mlxserve.server.api.openai.messages import ChatMessage, continuation_mode, render_chat
+from mlxserve.server.api.openai.messages import ChatMessage, conversation_of
 from mlxserve.server.api.openai.tools import ToolDefinition
 from mlxserve.server.http.errors import invalid_request
-from mlxserve.server.serving.context import ServingContext
+from mlxserve.server.models.registry import ModelRegistry
+from mlxserve.server.models.served_model import ServedModel
+from mlxserve.server.serving.conversation import continuation_mode, render_chat
 
 
 class _Model(BaseModel):
@@ -73,7 +74,7 @@ class DetokenizeResponse(BaseModel):
     prompt: str
 
 
-def _tokenize(ctx: ServingContext, body: TokenizeRequest) -> list[int]:
+def _tokenize(ctx: ServedModel, body: TokenizeRequest) -> list[int]:
     if (body.prompt is None) == (body.messages is None):
         raise invalid_request("Send exactly one of 'prompt' and 'messages'.", param="prompt")
     if body.prompt is not None:
@@ -89,11 +90,11 @@ def _tokenize(ctx: ServingContext, body: TokenizeRequest) -> list[int]:
         return [int(t) for t in ctx.tokenizer.encode(body.prompt, add_special_tokens=special)]
     assert body.messages is not None
     add_generation_prompt, continue_final = continuation_mode(
-        body.messages, body.add_generation_prompt, body.continue_final_message
+        body.messages[-1].role, body.add_generation_prompt, body.continue_final_message
     )
     _, ids = render_chat(
         ctx.tokenizer,
-        body.messages,
+        conversation_of(body.messages),
         add_generation_prompt=add_generation_prompt,
         continue_final_message=continue_final,
         template_kwargs=body.chat_template_kwargs,
@@ -103,14 +104,16 @@ def _tokenize(ctx: ServingContext, body: TokenizeRequest) -> list[int]:
     return ids
 
 
-def add_tokenize_routes(app: FastAPI, ctx: Callable[[], ServingContext]) -> None:
-    """Register ``/tokenize`` and ``/detokenize`` on ``app``."""
+def add_tokenize_routes(app: FastAPI, models: ModelRegistry) -> None:
+    """Register ``/tokenize`` and ``/detokenize`` on ``app`` (``model`` names one of
+    ``models``; without it, the default model)."""
+
+    def model_of(name: str | None) -> ServedModel:
+        return models.default() if name is None else models.get(name)
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> TokenizeResponse:
-        c = ctx()
-        if body.model is not None:
-            c.check_model(body.model)
+        c = model_of(body.model)
         ids = _tokenize(c, body)
         strs = None
         if body.return_token_strs:
@@ -121,9 +124,7 @@ def add_tokenize_routes(app: FastAPI, ctx: Callable[[], ServingContext]) -> None
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
-        c = ctx()
-        if body.model is not None:
-            c.check_model(body.model)
+        c = model_of(body.model)
         bad = [t for t in body.tokens if not 0 <= t < c.vocab_size]
         if bad:
             raise invalid_request(
