@@ -103,12 +103,12 @@ def run(
 
     if equal_prompt_tokens:
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-        prompts = ceiling_prompt_ids(requests, equal_prompt_tokens)
+        prompts = ceiling_prompt_ids(requests, equal_prompt_tokens, engine.vocab_size)
     else:
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
         prompts = [_prompt_ids(loaded.tokenizer, p) for p in make_prompts(seed, requests)]
         if long_prompt_tokens:
-            prompts[0] = ceiling_prompt_ids(1, long_prompt_tokens)[0]
+            prompts[0] = ceiling_prompt_ids(1, long_prompt_tokens, engine.vocab_size)[0]
     start = time.perf_counter()
     try:
         for i, ids in enumerate(prompts):

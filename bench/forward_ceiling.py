@@ -72,13 +72,17 @@ def _decode(model, cache, y, steps: int, pipelined: bool) -> float:  # noqa: ANN
     return time.perf_counter() - start
 
 
-def prompt_ids(batch: int, prompt_tokens: int) -> list[list[int]]:
+def prompt_ids(batch: int, prompt_tokens: int, vocab_size: int) -> list[list[int]]:
     """The ``batch`` random prompts of ``prompt_tokens`` token ids decoded at batch ``batch``
-    (seeded by the batch size, so every run and ``bench.engine_steps`` see the same ones)."""
+    (seeded by the batch size, so every run and ``bench.engine_steps`` see the same ones).
+    Ids are drawn from ``[100, 20000)`` cut to the model's vocabulary of ``vocab_size``: an
+    id past it would be read out of bounds (MLX does not check)."""
     import numpy as np
 
+    high = min(20_000, vocab_size)
+    low = min(100, high - 1)
     rng = np.random.default_rng(batch)
-    return rng.integers(100, 20_000, size=(batch, prompt_tokens)).tolist()
+    return rng.integers(low, high, size=(batch, prompt_tokens)).tolist()
 
 
 def measure(model, batch: int, prompt_tokens: int, steps: int, repeats: int) -> CeilingResult:  # noqa: ANN001
@@ -92,7 +96,9 @@ def measure(model, batch: int, prompt_tokens: int, steps: int, repeats: int) -> 
     import numpy as np
     from mlx_lm.models.cache import make_prompt_cache
 
-    ids = mx.array(np.array(prompt_ids(batch, prompt_tokens)), dtype=mx.int32)
+    from mlxserve.mlx_backend.logits import vocab_size
+
+    ids = mx.array(np.array(prompt_ids(batch, prompt_tokens, vocab_size(model))), dtype=mx.int32)
     cache = make_prompt_cache(model)
     start = time.perf_counter()
     y = mx.argmax(model(ids, cache=cache)[:, -1, :], axis=-1)

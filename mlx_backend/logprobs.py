@@ -106,6 +106,6 @@ def prompt_logprobs(
     k = int(request.top_k[np.unique(rows)].max())
     token_ids = mx.array(targets)
     lp, top_ids, top_lp = _logprobs(logits, token_ids, k)
-    # Position ``p`` of a row predicts prompt position ``cached_len + p + 1``.
-    prompt_pos = batch.cached_lens[rows].astype(np.int64) + positions + 1
+    # Position ``p`` of a row predicts prompt position ``computed_len + p + 1``.
+    prompt_pos = batch.computed_lens[rows].astype(np.int64) + positions + 1
     return PendingLogprobs(rows, prompt_pos, token_ids, lp, top_ids, top_lp)

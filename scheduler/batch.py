@@ -79,7 +79,7 @@ class SamplingArrays:
 class ForwardBatch:
     """A padded batch of rows; row ``b`` feeds ``extend_lens[b]`` new tokens.
 
-    Layout of row ``b`` (``S = max(cached_lens + extend_lens)``)::
+    Layout of row ``b`` (``S = max(computed_lens + extend_lens)``)::
 
         input_ids[b]   : t t t 0 0          (L = max extend_len, right-padded)
         write_slots[b] : s s s 0 0          (pad positions write the padding slot 0)
@@ -88,7 +88,7 @@ class ForwardBatch:
     Attributes:
         phase: "prefill" (some row feeds more than one token) or "decode".
         input_ids: int32 [B, L].
-        cached_lens: int32 [B], tokens already in the pool (the RoPE offset of each row).
+        computed_lens: int32 [B], tokens already in the pool (the RoPE offset of each row).
         extend_lens: int32 [B], real tokens of each row in ``input_ids``.
         write_slots: int32 [B, L], where the new tokens' K/V go.
         read_slots: int32 [B, S], slots of positions ``0..cached+extend-1``, padded with 0.
@@ -112,7 +112,7 @@ class ForwardBatch:
     phase: Literal["prefill", "decode"]
     request_ids: list[str]
     input_ids: np.ndarray
-    cached_lens: np.ndarray
+    computed_lens: np.ndarray
     extend_lens: np.ndarray
     write_slots: np.ndarray
     read_slots: np.ndarray

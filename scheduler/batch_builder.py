@@ -22,13 +22,13 @@ def _space_slots(
     if space is None:
         return np.zeros((B, L), np.int32), np.zeros((B, 1), np.int32), np.zeros(B, np.int32)
     starts = np.array([space.start(r) for r, _ in rows], np.int32)
-    ends = np.array([r.cached_len + n for r, n in rows], np.int32)
+    ends = np.array([r.computed_len + n for r, n in rows], np.int32)
     S = int((ends - starts).max())
     write = np.zeros((B, L), np.int32)
     read = np.zeros((B, S), np.int32)
     for i, (req, n) in enumerate(rows):
         row = space.table[req.row]
-        write[i, :n] = row[req.cached_len : req.cached_len + n]
+        write[i, :n] = row[req.computed_len : req.computed_len + n]
         read[i, : ends[i] - starts[i]] = row[starts[i] : ends[i]]
     return write, read, starts
 
@@ -39,21 +39,21 @@ def build_forward_batch(
     spaces: TokenSpaces,
     eos_token_ids: Collection[int] = (),
 ) -> ForwardBatch:
-    """Rows are ``(request, n)``: feed ``n`` tokens of the request from ``cached_len``.
+    """Rows are ``(request, n)``: feed ``n`` tokens of the request from ``computed_len``.
     ``eos_token_ids`` are masked for rows still below their ``min_tokens``."""
     B, L = len(rows), max(n for _, n in rows)
     input_ids = np.zeros((B, L), np.int32)
     for i, (req, n) in enumerate(rows):
-        input_ids[i, :n] = req.token_ids(req.cached_len, req.cached_len + n)
+        input_ids[i, :n] = req.token_ids(req.computed_len, req.computed_len + n)
     write, read, _ = _space_slots(spaces.full, rows)
     sliding_write, sliding_read, sliding_start = _space_slots(spaces.sliding, rows)
     extend_lens = np.array([n for _, n in rows], np.int32)
-    ends = np.array([r.cached_len + n for r, n in rows], np.int32)
+    ends = np.array([r.computed_len + n for r, n in rows], np.int32)
     return ForwardBatch(
         phase=phase,
         request_ids=[r.request_id for r, _ in rows],
         input_ids=input_ids,
-        cached_lens=np.array([r.cached_len for r, _ in rows], np.int32),
+        computed_lens=np.array([r.computed_len for r, _ in rows], np.int32),
         extend_lens=extend_lens,
         write_slots=write,
         read_slots=read,
@@ -61,8 +61,8 @@ def build_forward_batch(
         sliding_read_slots=sliding_read,
         sliding_read_start=sliding_start,
         state_slots=np.array([r.state_slot or 0 for r, _ in rows], np.int32),
-        fresh_rows=np.array([r.cached_len == 0 for r, _ in rows]),
-        sample_rows=np.array([r.cached_len + n == r.seq_len for r, n in rows]),
+        fresh_rows=np.array([r.computed_len == 0 for r, _ in rows]),
+        sample_rows=np.array([r.computed_len + n == r.seq_len for r, n in rows]),
         sampling=build_sampling_arrays(rows, eos_token_ids),
         row_groups=_row_groups(extend_lens, ends, sliding_start, spaces),
     )

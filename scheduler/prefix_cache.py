@@ -139,14 +139,14 @@ class PrefixCache:
 
     def adopt(self, req: Request, found: PrefixMatch | None) -> None:
         """A request just got its row (and state slot): start it from the locked match."""
-        if req.cached_tokens is None:
-            req.cached_tokens = found.length if found is not None else 0
+        if req.prefix_hit_len is None:
+            req.prefix_hit_len = found.length if found is not None else 0
             if self.tree is not None:
                 self.queries += req.prompt_len
-                self.hits += req.cached_tokens
+                self.hits += req.prefix_hit_len
         if found is None:
             return
-        req.cache_node = found.node
+        req.tree_node = found.node
         self.spaces.adopt_prefix(req, found.length, found.slots)
         if self.recurrent:
             self._copies_in.append((found.node.state_slot, req.state_slot))
@@ -179,7 +179,7 @@ class PrefixCache:
         snapshot, req.pending_snapshot = req.pending_snapshot, None
         if self.tree is None:
             return
-        if self.sliding and req.cached_len != req.seq_len - 1:
+        if self.sliding and req.computed_len != req.seq_len - 1:
             assert snapshot is None
             return
         if self.recurrent and snapshot is None:
@@ -187,14 +187,14 @@ class PrefixCache:
         self._insert(req, snapshot)
 
     def _insert(self, req: Request, snapshot: int | None) -> None:
-        n = req.cached_len
+        n = req.computed_len
         ids = req.all_ids()[:n]
         slots = {s.name: s.table[req.row, :n].copy() for s in self.spaces.spaces}
         node, tree_slots = self.tree.insert(ids, slots, snapshot)
         self.tree.lock(node)
-        if req.cache_node is not None:
-            self.tree.unlock(req.cache_node)
-        req.cache_node, req.cache_len = node, n
+        if req.tree_node is not None:
+            self.tree.unlock(req.tree_node)
+        req.tree_node, req.tree_len = node, n
         self.spaces.adopt_tree_slots(req, tree_slots)
 
     def release(self, req: Request, keep: bool) -> None:
@@ -207,14 +207,14 @@ class PrefixCache:
         if pending:  # admitted, never ran: its state slot was never filled
             self._copies_in.remove(pending[0])
             keep = False
-        if self.tree is not None and keep and req.cached_len > 0:
+        if self.tree is not None and keep and req.computed_len > 0:
             snapshot = req.state_slot if self.recurrent else None
             req.state_slot = None  # the tree owns it now (or freed it as a duplicate)
             self._insert(req, snapshot)
         self.spaces.release(req)
-        if req.cache_node is not None:
-            self.tree.unlock(req.cache_node)
-        req.cache_node, req.cache_len = None, 0
+        if req.tree_node is not None:
+            self.tree.unlock(req.tree_node)
+        req.tree_node, req.tree_len = None, 0
 
     def held_tokens(self) -> int:
         """Token slots the tree holds in its largest space."""

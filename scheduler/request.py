@@ -24,14 +24,25 @@ class RequestStatus(enum.Enum):
 class Request:
     """One generation request.
 
-    Lengths (``seq_len = prompt_len + output_len``)::
+    Lengths, one set (``seq_len = prompt_len + output_len``)::
 
-        all_ids:   | prompt ............ | output ...... |
-                   |<- cached_len ->|<- pending_len ->|
-                   KV in the pool     fed in the next forward(s)
+        all_ids:  | prompt ...................... | output ........ |
+        row:      |<- tree_len ->|                                  (slots the prefix cache owns)
+                  |<------- computed_len ------->|<- pending_len ->|
+                  |<------- allocated_len ---------------->|        (+ the chunk in flight)
 
-    ``pending_len`` is 1 while decoding and more while (chunk-)prefilling. A preempted
-    request has ``cached_len = 0`` and recomputes ``prompt + output`` on resume.
+    - ``computed_len``: positions whose K/V (and recurrent state) are in the pools;
+    - ``pending_len = seq_len - computed_len``: to feed in the next forward(s), 1 while
+      decoding, more while (chunk-)prefilling;
+    - ``allocated_len``: positions of the row with a slot: ``computed_len`` plus the chunk
+      of the step in flight;
+    - ``tree_len``: the leading positions whose slots belong to the prefix cache's tree
+      (``tree_node`` is the locked node ending there);
+    - ``prefix_hit_len``: prompt tokens the first admission found in the prefix cache
+      (None before it; reported as usage's ``cached_tokens``).
+
+    A preempted request has ``computed_len = 0`` and recomputes ``prompt + output`` on
+    resume.
     """
 
     request_id: str
@@ -42,19 +53,19 @@ class Request:
     output_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     row: int | None = None
-    cached_len: int = 0
-    # Slots written into this request's row: cached_len plus the in-flight chunk.
+    computed_len: int = 0
+    # Slots written into this request's row: computed_len plus the in-flight chunk.
     allocated_len: int = 0
     # First position still held in the sliding-window slot space (see token_spaces.py).
     sliding_start: int = 0
     # The recurrent-state slot of a model with recurrent layers, while running.
     state_slot: int | None = None
-    # Positions 0..cache_len-1 of the row name prefix-cache slots (the cache owns them);
-    # cache_node is the locked tree node ending there (None: nothing locked).
-    cache_len: int = 0
-    cache_node: object | None = None
+    # Positions 0..tree_len-1 of the row name prefix-cache slots (the cache owns them);
+    # tree_node is the locked tree node ending there (None: nothing locked).
+    tree_len: int = 0
+    tree_node: object | None = None
     # Prompt tokens the first admission found in the prefix cache (reported in usage).
-    cached_tokens: int | None = None
+    prefix_hit_len: int | None = None
     # A state slot the executor fills with this request's state after the current step's
     # forward (a prefix-cache snapshot at the chunk's end), inserted by process().
     pending_snapshot: int | None = None
@@ -85,7 +96,7 @@ class Request:
 
     @property
     def pending_len(self) -> int:
-        return self.seq_len - self.cached_len
+        return self.seq_len - self.computed_len
 
     @property
     def remaining_tokens(self) -> int:

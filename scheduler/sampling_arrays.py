@@ -46,7 +46,7 @@ def build_sampling_arrays(
 
 def _samples(req: Request, n: int) -> bool:
     """The row's forward ends at the end of the sequence: its token is really sampled."""
-    return req.cached_len + n == req.seq_len
+    return req.computed_len + n == req.seq_len
 
 
 def _seeds(rows: list[tuple[Request, int]]) -> SeedArrays | None:
@@ -133,7 +133,7 @@ def _prompt_logprobs(rows: list[tuple[Request, int]]) -> PromptLogprobRequest | 
         k = req.params.prompt_logprobs
         if k is None or req.output_len > 0:
             continue
-        start = req.cached_len
+        start = req.computed_len
         count = min(n, req.prompt_len - 1 - start)
         if count <= 0:
             continue

@@ -236,7 +236,7 @@ class Scheduler:
         snapshots = []
         if phase == "prefill":
             for req, n in rows:
-                pair = self.cache.plan_snapshot(req, req.cached_len + n)
+                pair = self.cache.plan_snapshot(req, req.computed_len + n)
                 if pair is not None:
                     snapshots.append(pair)
         sampling = batch.sampling
@@ -259,10 +259,10 @@ class Scheduler:
         free their slots now. Returns one event per request that got a token."""
         events = []
         for i, req in enumerate(self._in_flight):
-            before = min(req.cached_len, req.prompt_len)
-            req.cached_len += int(batch.extend_lens[i])
-            self.prompt_tokens_computed += min(req.cached_len, req.prompt_len) - before
-            assert req.cached_len == req.allocated_len, (req.cached_len, req.allocated_len)
+            before = min(req.computed_len, req.prompt_len)
+            req.computed_len += int(batch.extend_lens[i])
+            self.prompt_tokens_computed += min(req.computed_len, req.prompt_len) - before
+            assert req.computed_len == req.allocated_len, (req.computed_len, req.allocated_len)
             self.spaces.trim_window(req)
             if batch.phase == "prefill":
                 self.cache.chunk_done(req)
@@ -335,7 +335,7 @@ class Scheduler:
             invalid_request=invalid,
             prompt_tokens=req.prompt_len,
             completion_tokens=req.output_len,
-            cached_tokens=req.cached_tokens or 0,
+            cached_tokens=req.prefix_hit_len or 0,
         )
 
     # ----------------------------------------------------------------- slots
@@ -367,7 +367,7 @@ class Scheduler:
         logger.info("preempting %s (%d tokens)", req.request_id, req.seq_len)
         self._free_slots(req)
         self.running.remove(req)
-        req.cached_len = 0
+        req.computed_len = 0
         req.status = RequestStatus.WAITING
         self.waiting.appendleft(req)
         self.num_preemptions += 1

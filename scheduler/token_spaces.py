@@ -5,10 +5,10 @@ slot for every position. The *sliding* space serves sliding-window layers and ke
 the positions some future query can still see, so a request's sliding slots stay bounded
 by ``window + chunk`` however long it grows::
 
-    positions      0 ........................ cached_len ... allocated_len
+    positions      0 ........................ computed_len ... allocated_len
     full slots     [x x x x x x x x x x x x x x x x x x x x x x x x]
     sliding slots                    [x x x x x x x x x x x x x x x]
-                                     ^ start = cached_len - window + 1
+                                     ^ start = computed_len - window + 1
 """
 
 from __future__ import annotations
@@ -79,18 +79,18 @@ class TokenSpaces:
         req.allocated_len += n
 
     def trim_window(self, req: Request) -> None:
-        """Free sliding slots that no future query can see (behind ``cached_len - w + 1``).
+        """Free sliding slots that no future query can see (behind ``computed_len - w + 1``).
 
-        Positions below ``req.cache_len`` belong to the prefix cache: they leave the row
+        Positions below ``req.tree_len`` belong to the prefix cache: they leave the row
         but are not freed.
         """
         space = self.sliding
         if space is None:
             return
-        keep_from = max(req.cached_len - space.window + 1, 0)
+        keep_from = max(req.computed_len - space.window + 1, 0)
         if keep_from > req.sliding_start:
             row = space.table[req.row]
-            own_from = max(req.sliding_start, req.cache_len)
+            own_from = max(req.sliding_start, req.tree_len)
             if keep_from > own_from:
                 space.allocator.free(row[own_from:keep_from].copy())
             row[req.sliding_start : keep_from] = 0
@@ -98,7 +98,7 @@ class TokenSpaces:
 
     def owned(self, space: TokenSpace, req: Request) -> np.ndarray:
         """The slots of ``space`` the request itself owns (not the prefix cache's)."""
-        start = max(space.start(req), req.cache_len)
+        start = max(space.start(req), req.tree_len)
         return space.table[req.row, start : req.allocated_len]
 
     def adopt_prefix(self, req: Request, length: int, slots: dict[str, np.ndarray]) -> None:
@@ -109,11 +109,11 @@ class TokenSpaces:
             row[start:length] = slots[space.name][start:length]
         if self.sliding is not None:
             req.sliding_start = max(length - self.sliding.window + 1, 0)
-        req.cached_len = req.allocated_len = req.cache_len = length
+        req.computed_len = req.allocated_len = req.tree_len = length
 
     def adopt_tree_slots(self, req: Request, slots: dict[str, np.ndarray]) -> None:
-        """After an insert, the row's positions ``0..cache_len-1`` name the tree's slots."""
-        n = req.cache_len
+        """After an insert, the row's positions ``0..tree_len-1`` name the tree's slots."""
+        n = req.tree_len
         for space in self.spaces:
             start = space.start(req)
             if start < n:

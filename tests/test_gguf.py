@@ -10,7 +10,7 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load as mlx_lm_load
 
-from mlxserve.mlx_backend import gguf_model
+from mlxserve.mlx_backend.loading import gguf_model
 from mlxserve.mlx_backend.loading.gguf_convert import convert_gguf
 from mlxserve.mlx_backend.loading.gguf_model import gguf_config, load_gguf_model
 from mlxserve.mlx_backend.loading.gguf_tokenizer import build_gguf_tokenizer, load_gguf_tokenizer

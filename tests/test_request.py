@@ -30,7 +30,7 @@ class TestTokenIds:
 class TestLengths:
     def test_named_lengths(self):
         req = make([1, 2, 3], [4, 5], max_tokens=10)
-        req.cached_len = 4
+        req.computed_len = 4
         assert (req.prompt_len, req.output_len, req.seq_len) == (3, 2, 5)
         assert req.pending_len == 1, "one token (the last sampled) is left to feed"
         assert req.remaining_tokens == 8

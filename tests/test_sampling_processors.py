@@ -25,7 +25,7 @@ def request(prompt, output=(), cached=None, **params) -> Request:
     """A request whose next forward feeds from ``cached`` (default: only the last token)."""
     req = Request("r", list(prompt), SamplingParams(**params), lambda e: None)
     req.output_ids = list(output)
-    req.cached_len = req.seq_len - 1 if cached is None else cached
+    req.computed_len = req.seq_len - 1 if cached is None else cached
     return req
 
 

@@ -153,7 +153,7 @@ class TestDecodeGroups:
         decode = [b for b in drain(sched) if b.phase == "decode"]
         assert decode, "the requests were meant to decode"
         assert len(decode[0].row_groups) == 2, decode[0].row_groups
-        long_row = int(np.argmax(decode[0].cached_lens))
+        long_row = int(np.argmax(decode[0].computed_lens))
         assert [g.tolist() for g in decode[0].row_groups][0] == [long_row]
         sched.check_integrity()
 

@@ -57,7 +57,7 @@ class BatchContext:
     """The MLX-side index arrays of one forward over ``rows`` of a batch (all rows by
     default), shared by every layer's view.
 
-    Mask semantics, for row ``b`` with ``c = cached_lens[b]``: query ``l`` sits at
+    Mask semantics, for row ``b`` with ``c = computed_lens[b]``: query ``l`` sits at
     position ``c + l`` and sees a key at position ``j`` iff ``0 <= j <= c + l`` and ``j``
     is a real position of the row (and ``j > c + l - window`` for a sliding window).
     Padded queries see every real key of their row, so no mask row is empty (no NaN).
@@ -65,7 +65,7 @@ class BatchContext:
 
     def __init__(self, batch: ForwardBatch, rows: np.ndarray | None = None) -> None:
         rows = np.arange(batch.batch_size) if rows is None else rows
-        cached = batch.cached_lens[rows].astype(np.int32)
+        cached = batch.computed_lens[rows].astype(np.int32)
         total = cached + batch.extend_lens[rows].astype(np.int32)
         # A group of rows is padded only to its own longest row and longest context.
         L = int(batch.extend_lens[rows].max())
