@@ -218,3 +218,29 @@ def test_a_grammar_the_vocabulary_cannot_spell_is_a_400(http, model) -> None:
     assert "vocabulary cannot spell" in error["message"], error
     ok = http.post("/v1/chat/completions", json=body | {"guided_regex": "ok"})
     assert ok.status_code == 200, ok.text
+
+
+def test_a_grammar_is_compiled_once_per_request(client, model: str, monkeypatch) -> None:
+    from mlxserve.scheduler.constraints import ConstraintCompiler
+
+    compiled = []
+    compile_once = ConstraintCompiler.compile
+
+    def counting(self, spec):  # noqa: ANN001, ANN202
+        compiled.append(spec.kind)
+        return compile_once(self, spec)
+
+    monkeypatch.setattr(ConstraintCompiler, "compile", counting)
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": False,
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "o", "schema": schema}}
+    response = client.chat.completions.create(
+        model=model, messages=PERSON, max_tokens=30, n=3, response_format=fmt, seed=1
+    )
+    assert compiled == ["json_schema"], f"compiled {len(compiled)} times: {compiled}"
+    for choice in response.choices:
+        assert json.loads(choice.message.content)["ok"] in (True, False), choice
