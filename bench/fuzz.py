@@ -141,8 +141,10 @@ def fuzz(
     modes: tuple[str, ...] = ("positive", "negative"),
     max_tokens: int = MAX_TOKENS,
     seed: int | None = None,
+    body_bytes: int = 1024 * 1024,
 ) -> FuzzReport:
-    """Fuzz every operation of the server at ``base_url`` with ``examples`` cases per mode.
+    """Fuzz every operation of the server at ``base_url`` with ``examples`` cases per mode,
+    then the hostile strings of ``hostile_string_cases`` (huge texts up to ``body_bytes``).
 
     Args:
         base_url: e.g. ``http://127.0.0.1:8000``.
@@ -183,6 +185,7 @@ def fuzz(
                 run()
             except Unsatisfiable:
                 pass  # e.g. no invalid request exists for a route without inputs
+    check_hostile_strings(base_url, model, body_bytes, report)
     health = httpx.get(base_url + "/health", timeout=30)
     if health.status_code != 200:
         report.failures.append(f"/health is {health.status_code} after fuzzing: {health.text}")
@@ -238,6 +241,61 @@ def _as_httpx(response: Any) -> httpx.Response:
     """schemathesis answers with its own ``Response``; the checks above read httpx's."""
     headers = [(k, v) for k, values in response.headers.items() for v in values]
     return httpx.Response(response.status_code, headers=headers, content=response.content)
+
+
+def hostile_string_cases(model: str, body_bytes: int) -> list[tuple[str, str, dict[str, Any]]]:
+    """``(label, path, body)`` cases schemathesis does not generate: JSON hidden inside
+    strings (where the body's depth and surrogate checks never look) and text that is huge
+    but within ``body_bytes``. Each must get a 4xx, never a 5xx."""
+    deep = "[" * 50_000 + "]" * 50_000
+    surrogate = '{"a": "\\ud800"}'  # a lone surrogate once the string is parsed as JSON
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": ""}}
+
+    def with_arguments(arguments: str) -> dict[str, Any]:
+        tool_call = {**call, "function": {"name": "f", "arguments": arguments}}
+        return {
+            "model": model,
+            "max_tokens": 1,
+            "messages": [
+                {"role": "assistant", "content": None, "tool_calls": [tool_call]},
+                {"role": "tool", "content": "ok", "tool_call_id": "c"},
+            ],
+        }
+
+    chat = {"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]}
+    completion = {"model": model, "max_tokens": 1, "prompt": "Hi"}
+    huge = "x " * (body_bytes // 2 - 4096)
+    cases = [
+        ("deep arguments", "/v1/chat/completions", with_arguments(deep)),
+        ("surrogate arguments", "/v1/chat/completions", with_arguments(surrogate)),
+        ("deep arguments (tokenize)", "/tokenize", with_arguments(deep)),
+        (
+            "huge message",
+            "/v1/chat/completions",
+            {**chat, "messages": [{"role": "user", "content": huge}]},
+        ),
+        ("huge prompt", "/v1/completions", {**completion, "prompt": huge}),
+    ]
+    for key in ("guided_json", "structured_outputs"):
+        for name, text in (("deep", deep), ("surrogate", surrogate)):
+            value: Any = {"json": text} if key == "structured_outputs" else text
+            for path, base in (("/v1/chat/completions", chat), ("/v1/completions", completion)):
+                cases.append((f"{name} {key} ({path})", path, {**base, key: value}))
+    return cases
+
+
+def check_hostile_strings(base_url: str, model: str, body_bytes: int, report: FuzzReport) -> None:
+    """Send ``hostile_string_cases``; anything but a 4xx in OpenAI's shape is a failure."""
+    with httpx.Client(base_url=base_url, timeout=REQUEST_TIMEOUT_S) as client:
+        for label, path, body in hostile_string_cases(model, body_bytes):
+            report.cases["hostile strings"] = report.cases.get("hostile strings", 0) + 1
+            response = client.post(path, json=body)
+            report.statuses[response.status_code] = report.statuses.get(response.status_code, 0) + 1
+            problem = check_response(path, response)
+            if problem is None and not 400 <= response.status_code < 500:
+                problem = f"status {response.status_code}, expected a 4xx"
+            if problem is not None:
+                report.failures.append(f"hostile strings, {label}: {problem}")
 
 
 def fuzz_server_configs():

@@ -23,10 +23,12 @@ class EngineClient(Protocol):
         max_context_len: the longest prompt + completion a request may have (the model's
             context, capped by the KV pool).
         observer: receives request timings on the engine thread (the server's metrics).
+        max_running_requests: rows of a batch: requests beyond them wait for one.
     """
 
     max_context_len: int
     observer: StatsObserver | None
+    max_running_requests: int
 
     @property
     def is_alive(self) -> bool:
@@ -46,8 +48,10 @@ class EngineClient(Protocol):
         on_output: Callable[[RequestOutput], None],
         grammar: GrammarSpec | None = None,
         constraint: Constraint | None = None,
+        cache_namespace: str = "",
     ) -> None:
-        """Queue a request; ``on_output`` gets its events on the engine thread.
+        """Queue a request; ``on_output`` gets its events on the engine thread. It reuses
+        only prefixes cached by requests of the same ``cache_namespace``.
 
         Raises:
             ValueError: ``grammar`` is invalid.

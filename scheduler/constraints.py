@@ -41,6 +41,11 @@ class GrammarDeadEnd(ValueError):
     (a grammar this vocabulary cannot satisfy), reported to the client as a 4xx."""
 
 
+class GrammarUnsatisfiable(ValueError):
+    """The grammar matches nothing at all (e.g. a regex of an empty character class): found
+    when it is compiled, before the request is queued."""
+
+
 class Constraint:
     """One request's matcher: the tokens allowed next, and the tokens sampled so far.
 
@@ -133,6 +138,16 @@ class ConstraintCompiler:
         matcher = llguidance.LLMatcher(self.tokenizer, self.grammar(spec))
         if matcher.is_error():
             raise ValueError(f"invalid {spec.kind} grammar: {matcher.get_error()}")
+        # A grammar whose language is empty only shows it when its first mask is computed
+        # (llguidance then stops with an error): without this check the request would end
+        # at once with an empty, "successful" answer.
+        matcher.compute_bitmask()
+        if matcher.is_error() or (matcher.is_stopped() and not matcher.is_accepting()):
+            reason = matcher.get_error().splitlines()[0][:200] if matcher.is_error() else ""
+            raise GrammarUnsatisfiable(
+                f"the {spec.kind} grammar matches no text at all"
+                + (f" ({reason})" if reason else "")
+            )
         return Constraint(matcher, spec)
 
 

@@ -57,6 +57,7 @@ class Engine:
         self.context_length = context_length
         self.eos_token_ids = sorted(set(eos_token_ids))
         self.tokenizer = tokenizer
+        self.max_running_requests = config.max_running_requests
         self.scheduler: Scheduler | None = None
         self.max_context_len = 0
         self.error: BaseException | None = None
@@ -126,6 +127,7 @@ class Engine:
         on_output: Callable[[RequestOutput], None],
         grammar: GrammarSpec | None = None,
         constraint: Constraint | None = None,
+        cache_namespace: str = "",
     ) -> None:
         """Queue a request. ``on_output`` is called from the engine thread with each step's
         new tokens; exactly one call has ``finished=True``.
@@ -135,6 +137,8 @@ class Engine:
                 thread: several ms for a large schema).
             constraint: a grammar compiled already (``compile_grammar``), used as it is;
                 each request needs a matcher of its own.
+            cache_namespace: the prefix-cache namespace (a tenant, a cache salt): the
+                request reuses only prefixes cached by requests of the same namespace.
 
         Raises:
             ValueError: ``grammar`` is invalid (the message says why).
@@ -143,7 +147,14 @@ class Engine:
             if constraint is not None:
                 raise ValueError("give a request a grammar or a compiled constraint, not both")
             constraint = self.compile_grammar(grammar)
-        req = Request(request_id, list(prompt_ids), params, on_output, constraint=constraint)
+        req = Request(
+            request_id,
+            list(prompt_ids),
+            params,
+            on_output,
+            constraint=constraint,
+            cache_namespace=cache_namespace,
+        )
         with self._unfinished_lock:
             self._unfinished += 1
         self._inbox.put(AddRequest(req))

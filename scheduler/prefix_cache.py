@@ -103,7 +103,7 @@ class PrefixCache:
         token: the forward must see one token to produce the next)."""
         if self.tree is None or not self._may_match(req):
             return None
-        found = self.tree.match(req.all_ids(), req.seq_len - 1)
+        found = self.tree.match(req.all_ids(), req.seq_len - 1, req.cache_namespace)
         return found if found.length else None
 
     @staticmethod
@@ -113,12 +113,16 @@ class PrefixCache:
 
     def should_defer(self, req: Request, matched: int, prefilling: list[Request]) -> bool:
         """Whether ``req`` should wait for a request still being prefilled to insert a
-        longer shared prefix (two requests with the same system prompt, ``n > 1``)."""
+        longer shared prefix (two requests with the same system prompt, ``n > 1``). Only a
+        request of the same namespace counts: waiting on another tenant's prefill would
+        tell, by the time it takes, what that tenant's prompt is."""
         if self.tree is None or not prefilling or not self._may_match(req):
             return False
         ids = req.all_ids()
         limit = req.seq_len - 1
         for other in prefilling:
+            if other.cache_namespace != req.cache_namespace:
+                continue
             common = common_prefix_len(ids, other.all_ids())
             if self.recurrent or self.sliding:
                 point = other.seq_len - 1  # where the other one's prefill is inserted
@@ -190,7 +194,7 @@ class PrefixCache:
         n = req.computed_len
         ids = req.all_ids()[:n]
         slots = {s.name: s.table[req.row, :n].copy() for s in self.spaces.spaces}
-        node, tree_slots = self.tree.insert(ids, slots, snapshot)
+        node, tree_slots = self.tree.insert(ids, slots, snapshot, req.cache_namespace)
         self.tree.lock(node)
         if req.tree_node is not None:
             self.tree.unlock(req.tree_node)

@@ -16,6 +16,10 @@ Invariants the tree keeps:
   sliding-window K/V of positions ``m - window + 1 .. m - 1`` is held (sliding models).
 - Only unlocked leaves are evicted, least recently used first; a parent that becomes an
   unlocked leaf is next in line.
+- Sequences live in namespaces (a tenant, a ``cache_salt``): each namespace has a root of
+  its own, and a sequence only ever matches what was inserted in its namespace. A root
+  other than the default one goes away with its last child, so namespaces clients invent
+  cost nothing once their nodes are evicted.
 """
 
 from __future__ import annotations
@@ -78,23 +82,35 @@ class RadixCache:
         self.allocators = allocators
         self.state_allocator = state_allocator
         self.window = window
-        empty = {s: np.zeros(0, np.int32) for s in allocators}
-        self.root = TreeNode(np.zeros(0, np.int32), empty, lock_ref=1)
+        # Namespace -> its root ("" is the default namespace, always present).
+        self.roots: dict[str, TreeNode] = {"": self._new_root()}
         self._clock = itertools.count(1)
         # Slots held by unlocked (evictable) and locked (protected) nodes, per space.
         self.evictable = dict.fromkeys(allocators, 0)
         self.protected = dict.fromkeys(allocators, 0)
         self.num_evicted_tokens = 0
 
+    def _new_root(self) -> TreeNode:
+        empty = {s: np.zeros(0, np.int32) for s in self.allocators}
+        return TreeNode(np.zeros(0, np.int32), empty, lock_ref=1)
+
+    @property
+    def root(self) -> TreeNode:
+        """The default namespace's root."""
+        return self.roots[""]
+
     # ----------------------------------------------------------------- lookup
-    def match(self, ids: np.ndarray, max_len: int) -> PrefixMatch:
-        """The longest usable cached prefix of ``ids[:max_len]``.
+    def match(self, ids: np.ndarray, max_len: int, namespace: str = "") -> PrefixMatch:
+        """The longest usable cached prefix of ``ids[:max_len]`` in ``namespace``.
 
         A match ending inside an edge splits it so that the match ends at a node.
         """
         ids = np.asarray(ids, np.int32)[:max_len]
         path: list[TreeNode] = []
-        node, pos, partial = self.root, 0, 0
+        root = self.roots.get(namespace)
+        if root is None:  # nothing was ever inserted there
+            return PrefixMatch(0, self.root, self._path_slots([]))
+        node, pos, partial = root, 0, 0
         while pos < len(ids):
             child = node.children.get(int(ids[pos]))
             if child is None:
@@ -122,7 +138,7 @@ class RadixCache:
                 continue
             if cut is not None:
                 nodes[-1] = self._split(nodes[-1], cut)
-            end = nodes[-1] if nodes else self.root
+            end = nodes[-1] if nodes else root
             return PrefixMatch(length, end, self._path_slots(nodes))
         raise AssertionError("length 0 is always usable")
 
@@ -147,9 +163,14 @@ class RadixCache:
 
     # ----------------------------------------------------------------- insertion
     def insert(
-        self, ids: np.ndarray, slots: dict[str, np.ndarray], state_slot: int | None
+        self,
+        ids: np.ndarray,
+        slots: dict[str, np.ndarray],
+        state_slot: int | None,
+        namespace: str = "",
     ) -> tuple[TreeNode, dict[str, np.ndarray]]:
-        """Give the tree a sequence's slots (and the state snapshot at its end).
+        """Give the tree a sequence's slots (and the state snapshot at its end), in
+        ``namespace``.
 
         Positions the tree already holds keep the tree's slot and the caller's duplicate is
         freed; sliding positions the tree lacks adopt the caller's slot. The snapshot is
@@ -160,7 +181,9 @@ class RadixCache:
             replace the caller's in its row.
         """
         ids = np.asarray(ids, np.int32)
-        node, pos = self.root, 0
+        if namespace not in self.roots:
+            self.roots[namespace] = self._new_root()
+        node, pos = self.roots[namespace], 0
         now = next(self._clock)
         nodes: list[TreeNode] = []
         while pos < len(ids):
@@ -185,7 +208,7 @@ class RadixCache:
             nodes.append(child)
             node, pos = child, pos + len(child.key)
         if state_slot is not None:
-            if node is self.root or node.state_slot is not None:
+            if node.parent is None or node.state_slot is not None:
                 self.state_allocator.free([state_slot])
             else:
                 node.state_slot = state_slot
@@ -221,14 +244,14 @@ class RadixCache:
 
     # ----------------------------------------------------------------- locks
     def lock(self, node: TreeNode) -> None:
-        while node is not self.root:
+        while node.parent is not None:
             if node.lock_ref == 0:
                 self._move(node, to_protected=True)
             node.lock_ref += 1
             node = node.parent
 
     def unlock(self, node: TreeNode) -> None:
-        while node is not self.root:
+        while node.parent is not None:
             assert node.lock_ref > 0, "unlock without lock"
             node.lock_ref -= 1
             if node.lock_ref == 0:
@@ -259,10 +282,16 @@ class RadixCache:
             evicted += 1
             if self._evictable_leaf(parent):
                 heapq.heappush(leaves, (parent.last_access, id(parent), parent))
+        self._drop_empty_roots()
         return evicted
 
+    def _drop_empty_roots(self) -> None:
+        for namespace, root in list(self.roots.items()):
+            if namespace and not root.children:
+                del self.roots[namespace]
+
     def _evictable_leaf(self, node: TreeNode) -> bool:
-        return node is not self.root and not node.children and node.lock_ref == 0
+        return node.parent is not None and not node.children and node.lock_ref == 0
 
     # ----------------------------------------------------------------- accounting
     def _count(self, node: TreeNode, space: str, n: int) -> None:
@@ -283,7 +312,7 @@ class RadixCache:
             dst[space] += n
 
     def _nodes(self):
-        stack = list(self.root.children.values())
+        stack = [child for root in self.roots.values() for child in root.children.values()]
         while stack:
             node = stack.pop()
             yield node

@@ -66,6 +66,9 @@ class Request:
     tree_node: object | None = None
     # Prompt tokens the first admission found in the prefix cache (reported in usage).
     prefix_hit_len: int | None = None
+    # The prefix-cache namespace: a request only reuses the cached prefixes of requests of
+    # the same namespace (a tenant, a client's cache_salt); "" is the shared one.
+    cache_namespace: str = ""
     # A state slot the executor fills with this request's state after the current step's
     # forward (a prefix-cache snapshot at the chunk's end), inserted by process().
     pending_snapshot: int | None = None

@@ -31,7 +31,8 @@ def build_sampling_arrays(
     (with each request's ``stop_token_ids``) for rows that have not reached ``min_tokens``."""
     params = [r.params for r, _ in rows]
     return SamplingArrays(
-        temperature=np.array([p.temperature for p in params], np.float32),
+        # Greedy rows (a temperature below MIN_TEMPERATURE) carry 0: the sampler's argmax.
+        temperature=np.array([0.0 if p.greedy else p.temperature for p in params], np.float32),
         top_p=np.array([p.top_p for p in params], np.float32),
         top_k=np.array([p.top_k for p in params], np.int32),
         min_p=np.array([p.min_p for p in params], np.float32),

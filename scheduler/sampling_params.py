@@ -24,12 +24,17 @@ MIN_REPETITION_PENALTY = float(np.finfo(np.float32).tiny)
 MAX_REPETITION_PENALTY = float(np.finfo(np.float32).max)
 
 
+# Temperatures below this sample greedily (vLLM's _SAMPLING_EPS).
+MIN_TEMPERATURE = 1e-5
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How one request samples and when it stops (token-level; stop strings live in server/).
 
-    ``temperature == 0`` means greedy. ``top_k == 0`` and ``top_p == 1`` and ``min_p == 0``
-    disable those filters.
+    ``temperature`` below ``MIN_TEMPERATURE`` (0 included) means greedy: dividing logits by
+    a tiny temperature overflows to infinity (``1e-40`` gave garbage). ``top_k == 0`` and
+    ``top_p == 1`` and ``min_p == 0`` disable those filters.
 
     Attributes:
         seed: with a seed, the request's draws come from its own key derived from
@@ -123,7 +128,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < MIN_TEMPERATURE
 
     @property
     def uses_penalties(self) -> bool:

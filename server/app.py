@@ -22,11 +22,13 @@ from mlxserve.server.api.openai.openapi import install_openapi
 from mlxserve.server.api.openai.routes import add_openai_routes
 from mlxserve.server.api.openai.tokenize import add_tokenize_routes
 from mlxserve.server.config import ModelConfig, ServerConfig
-from mlxserve.server.http.auth import APIKeyAuth
+from mlxserve.server.http.auth import APIKeyAuth, is_loopback
 from mlxserve.server.http.errors import APIError, ErrorShapes, install_error_handlers
 from mlxserve.server.http.gate import ServiceGate
+from mlxserve.server.http.hosts import LoopbackHostOnly
 from mlxserve.server.http.json_body import StrictJSONRoute
 from mlxserve.server.http.limits import BodySizeLimit
+from mlxserve.server.http.slow_clients import BodyReadTimeout
 from mlxserve.server.lifecycle.loading import LoadProgress, backend_name
 from mlxserve.server.lifecycle.state import ServerState
 
@@ -73,10 +75,17 @@ def create_app(
 
     # add_middleware puts each one outside the previous: the last added runs first.
     app.add_middleware(ServiceGate, refusal=state.refusal, shapes=shapes)
+    app.add_middleware(BodyReadTimeout, seconds=config.body_timeout, shapes=shapes)
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes, shapes=shapes)
     keys = config.api_keys()
     if keys:
-        app.add_middleware(APIKeyAuth, keys=keys, protect_ops=config.protect_metrics, shapes=shapes)
+        app.add_middleware(
+            APIKeyAuth,
+            keys=keys,
+            protect_ops=config.protect_metrics,
+            shapes=shapes,
+            tenants=config.prefix_cache_per_key,
+        )
     origins = config.origins()
     if origins:
         # Outermost, so that preflights (which carry no key) and 401s get CORS headers.
@@ -86,6 +95,10 @@ def create_app(
             allow_methods=["GET", "POST", "OPTIONS"],
             allow_headers=["Authorization", "Content-Type"],
         )
+    hosts = config.hosts()
+    if is_loopback(config.host) and "*" not in hosts:
+        # Outermost: a rebound page's request is refused before anything else sees it.
+        app.add_middleware(LoopbackHostOnly, extra=hosts, shapes=shapes)
 
     @app.get("/health", response_model=None)
     async def health() -> JSONResponse:

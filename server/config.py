@@ -27,6 +27,9 @@ class ServerConfig:
             /detokenize request must send as "Authorization: Bearer KEY" (default: the
             MLXSERVE_API_KEY environment variable; unset: no authentication).
         protect_metrics: require an API key for /metrics, /health and /version too.
+        prefix_cache_per_key: with several API keys, keep each key's cached prompt
+            prefixes to itself, so that no key can learn from cache hits (or their speed)
+            what another key's prompts were.
         allowed_origins: browser origins allowed by CORS, comma-separated, or "*" (default:
             none, no CORS headers).
         max_queue: requests that may wait for a batch slot; beyond it requests get 429 with
@@ -34,6 +37,16 @@ class ServerConfig:
         request_timeout: seconds after which a request is aborted and answered with an
             error (0: no limit).
         max_body_bytes: largest request body; larger ones get 413 (0: no limit).
+        header_timeout: seconds a connection may take to send a request's headers (from
+            when it opens or its previous response ends) before it is closed (0: no limit).
+        body_timeout: seconds a request body may take to arrive, from its first byte,
+            before the request gets 408 (0: no limit).
+        max_connections: open connections beyond which new requests get 503 (0: no
+            limit).
+        allowed_hosts: Host header names accepted besides the loopback ones
+            (localhost, 127.0.0.1, [::1]) while the server is bound to a loopback address,
+            comma-separated, or "*" for any (a browser page that rebinds its own name to
+            127.0.0.1 sends its name as Host).
         max_prompt_tokens: longest prompt; longer ones get 400 (0: only the context limits
             it).
         stream_buffer_tokens: tokens a streaming client may leave unread before its request
@@ -48,10 +61,15 @@ class ServerConfig:
     # Secrets stay out of repr(), so logging a config can never leak a key.
     api_key: str | None = field(default=None, repr=False)
     protect_metrics: bool = False
+    prefix_cache_per_key: bool = True
     allowed_origins: str | None = None
     max_queue: int = 256
     request_timeout: float = 0.0
     max_body_bytes: int = 16 * 1024 * 1024
+    header_timeout: float = 10.0
+    body_timeout: float = 60.0
+    max_connections: int = 1000
+    allowed_hosts: str | None = None
     max_prompt_tokens: int = 0
     stream_buffer_tokens: int = 2048
     shutdown_timeout: float = 30.0
@@ -59,10 +77,10 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
-        for name in ("max_queue", "max_body_bytes", "max_prompt_tokens"):
+        for name in ("max_queue", "max_body_bytes", "max_prompt_tokens", "max_connections"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("request_timeout", "shutdown_timeout"):
+        for name in ("request_timeout", "shutdown_timeout", "header_timeout", "body_timeout"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.stream_buffer_tokens < 1:
@@ -72,6 +90,10 @@ class ServerConfig:
         """The accepted API keys: ``api_key``, else ``$MLXSERVE_API_KEY``; empty: no auth."""
         raw = self.api_key if self.api_key is not None else os.environ.get(API_KEY_ENV, "")
         return tuple(key.strip() for key in raw.split(",") if key.strip())
+
+    def hosts(self) -> list[str]:
+        """The extra Host names of ``allowed_hosts`` (lower case; "*": any)."""
+        return [h.strip().lower() for h in (self.allowed_hosts or "").split(",") if h.strip()]
 
     def origins(self) -> list[str]:
         """The CORS origins of ``allowed_origins`` (empty: CORS off)."""

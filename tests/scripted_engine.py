@@ -47,6 +47,7 @@ class ScriptedEngine:
     """
 
     max_context_len = 4096
+    max_running_requests = 32
     error: BaseException | None = None
 
     def __init__(self, script: Script) -> None:
@@ -81,6 +82,7 @@ class ScriptedEngine:
         on_output: Callable[[RequestOutput], None],
         grammar: GrammarSpec | None = None,
         constraint: Any = None,
+        cache_namespace: str = "",
     ) -> None:
         self.requests.append((request_id, list(prompt_ids), params))
         self.grammars.append(constraint.spec if constraint is not None else grammar)
@@ -120,4 +122,4 @@ def scripted_client(tokenizer: Any, script: Script) -> tuple[TestClient, Scripte
     vocab = {"vocab_size": len(tokenizer)}
     loaded = LoadedModel(None, tokenizer, "scripted", vocab, context_length=4096)
     app = create_app(loaded, engine, ServerConfig())
-    return TestClient(app), engine
+    return TestClient(app, base_url="http://localhost"), engine

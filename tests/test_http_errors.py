@@ -237,7 +237,9 @@ class TestDeadEngine:
         engine = build_engine(smollm, EngineConfig(max_total_tokens=256, max_running_requests=1))
         engine.start()
         engine.shutdown()
-        with TestClient(create_app(smollm, engine, ServerConfig())) as client:
+        with TestClient(
+            create_app(smollm, engine, ServerConfig()), base_url="http://localhost"
+        ) as client:
             health = client.get("/health")
             assert health.status_code == 503 and health.json()["status"] != "ok", health.text
             response = client.post("/v1/chat/completions", json=chat(model))

@@ -126,3 +126,28 @@ class TestHybridAndSliding:
         assert np.array_equal(slots["sliding"][2:4], mine["sliding"][2:4]), "adopted"
         assert tree.match(np.arange(1, 9), max_len=4).length == 4
         audit(tree, allocators)
+
+
+class TestNamespaces:
+    def test_a_sequence_matches_only_its_own_namespace(self):
+        tree, allocators, _ = make_tree()
+        slots = {"full": allocators["full"].alloc(4)}
+        node, _ = tree.insert(np.array([1, 2, 3, 4]), slots, None, namespace="tenant-a")
+        assert tree.match(np.array([1, 2, 3, 4, 5]), 5, "tenant-a").length == 4
+        assert tree.match(np.array([1, 2, 3, 4, 5]), 5, "tenant-b").length == 0
+        assert tree.match(np.array([1, 2, 3, 4, 5]), 5).length == 0, "nor the shared one"
+        # The same tokens in another namespace get slots (and a node) of their own.
+        other = {"full": allocators["full"].alloc(4)}
+        _, kept = tree.insert(np.array([1, 2, 3, 4]), other, None, namespace="tenant-b")
+        assert np.array_equal(kept["full"], other["full"]), "no slot shared across tenants"
+        audit(tree, allocators)
+
+    def test_an_emptied_namespace_goes_away(self):
+        tree, allocators, _ = make_tree(size=8)
+        for salt in ("s1", "s2", "s3"):
+            slots = {"full": allocators["full"].alloc(2)}
+            tree.insert(np.array([7, 8]), slots, None, namespace=salt)
+        assert set(tree.roots) == {"", "s1", "s2", "s3"}
+        tree.evict(lambda: allocators["full"].available_size() == 8)
+        assert set(tree.roots) == {""}, "invented namespaces cost nothing once evicted"
+        audit(tree, allocators)

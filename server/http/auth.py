@@ -2,7 +2,9 @@
 
 Protected: every ``/v1`` route, ``/tokenize`` and ``/detokenize``; with ``protect_ops`` also
 ``/health``, ``/metrics`` and ``/version``. Keys are never logged; a refusal says only that
-the key is missing or wrong.
+the key is missing or wrong. With several keys, each is a tenant: the request's
+``scope["state"]["tenant"]`` names which key it carried (``key-<index>``), and the prefix
+cache keeps tenants apart (``server/serving/cache_namespace.py``).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import hmac
 import ipaddress
 from collections.abc import Sequence
 
+from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mlxserve.server.http.errors import APIError, ErrorShapes
@@ -27,20 +30,27 @@ def needs_key(path: str, protect_ops: bool) -> bool:
 
 
 def key_is_valid(authorization: str | None, keys: Sequence[bytes]) -> bool:
-    """Whether an ``Authorization`` header carries one of ``keys`` as a Bearer token.
+    """Whether an ``Authorization`` header carries one of ``keys`` as a Bearer token."""
+    return matching_key(authorization, keys) is not None
+
+
+def matching_key(authorization: str | None, keys: Sequence[bytes]) -> int | None:
+    """The index of the key an ``Authorization`` header carries as a Bearer token (None:
+    none of ``keys``).
 
     Every key is compared, each with ``hmac.compare_digest``, so the time taken does not
     depend on how much of a key matched, nor on which key did.
     """
     if not authorization:
-        return False
+        return None
     scheme, _, token = authorization.partition(" ")
     if scheme.lower() != "bearer":
-        return False
+        return None
     candidate = token.strip().encode()
-    matched = False
-    for key in keys:
-        matched |= hmac.compare_digest(candidate, key)
+    matched = None
+    for index, key in enumerate(keys):
+        if hmac.compare_digest(candidate, key) and matched is None:
+            matched = index
     return matched
 
 
@@ -53,10 +63,16 @@ class APIKeyAuth:
         keys: the accepted keys (non-empty).
         protect_ops: also protect ``/health``, ``/metrics`` and ``/version``.
         shapes: the app's error shapes.
+        tenants: with several keys, mark each request with its key's tenant.
     """
 
     def __init__(
-        self, app: ASGIApp, keys: Sequence[str], protect_ops: bool, shapes: ErrorShapes
+        self,
+        app: ASGIApp,
+        keys: Sequence[str],
+        protect_ops: bool,
+        shapes: ErrorShapes,
+        tenants: bool = True,
     ) -> None:
         if not keys:
             raise ValueError("APIKeyAuth needs at least one key")
@@ -64,12 +80,16 @@ class APIKeyAuth:
         self._keys = [k.encode() for k in keys]
         self._protect_ops = protect_ops
         self._shapes = shapes
+        self._tenants = tenants and len(keys) > 1
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and needs_key(scope["path"], self._protect_ops):
             header = dict(scope["headers"]).get(b"authorization")
             value = header.decode("latin-1") if header is not None else None
-            if not key_is_valid(value, self._keys):
+            index = matching_key(value, self._keys)
+            if index is not None and self._tenants:
+                scope.setdefault("state", {})["tenant"] = f"key-{index}"
+            if index is None:
                 message = (
                     "Incorrect API key provided."
                     if value
@@ -81,6 +101,11 @@ class APIKeyAuth:
                 await self._shapes.response(error, scope["path"])(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+def tenant_of(request: Request) -> str | None:
+    """The tenant the API key of ``request`` names (None: one key, or none)."""
+    return request.scope.get("state", {}).get("tenant")
 
 
 def is_loopback(host: str) -> bool:

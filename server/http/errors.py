@@ -145,7 +145,7 @@ def validation_error(errors: list[dict[str, Any]]) -> APIError:
     return invalid_request(f"Invalid value for '{param}': {msg}.", param=param)
 
 
-_HTTP_CODES = {404: "not_found", 413: "request_too_large"}
+_HTTP_CODES = {404: "not_found", 408: "request_timeout", 413: "request_too_large"}
 
 
 def install_error_handlers(app: FastAPI, shapes: ErrorShapes) -> None:

@@ -11,7 +11,9 @@ Python's ``json`` module is lenient where a server must not be:
 
 ``StrictJSONRoute`` makes FastAPI parse bodies with ``strict_json_loads``, which refuses
 all three; FastAPI turns its ``JSONDecodeError`` into a 400 ``invalid_json``
-(``errors.py``). The body limit (``limits.py``) has already bounded the size.
+(``errors.py``). The body limit (``limits.py``) has already bounded the size. JSON that
+clients send inside strings (a tool call's ``arguments``, a schema given as text) is parsed
+with ``strict_json_text``, the same rules: it skipped the body's checks.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ MAX_JSON_DEPTH = 128
 
 # A \u escape of a UTF-16 surrogate (paired ones are fine: they decode to one character).
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+class JSONHazard(json.JSONDecodeError):
+    """JSON that parses but must not be used: too deep, a lone surrogate, ``NaN``."""
 
 
 def _reject_constant(name: str) -> Any:
@@ -76,16 +82,27 @@ def strict_json_loads(body: bytes) -> Any:
     except UnicodeDecodeError as e:
         raise json.JSONDecodeError("the body is not valid UTF-8", "", e.start) from None
     text = text.removeprefix("\ufeff")  # RFC 8259 lets a parser ignore a byte order mark
+    return strict_json_text(text)
+
+
+def strict_json_text(text: str) -> Any:
+    """Parse JSON text with the body's rules (no ``NaN``/``Infinity``, no lone surrogates,
+    nesting at most ``MAX_JSON_DEPTH`` deep).
+
+    Raises:
+        JSONHazard: it parses, but breaks one of those rules.
+        json.JSONDecodeError: it is not JSON.
+    """
     try:
         value = json.loads(text, parse_constant=_reject_constant)
     except RecursionError:
-        raise json.JSONDecodeError(
+        raise JSONHazard(
             f"arrays and objects are nested deeper than {MAX_JSON_DEPTH} levels", "", 0
         ) from None
     except json.JSONDecodeError:
         raise
     except ValueError as e:  # from _reject_constant
-        raise json.JSONDecodeError(str(e), "", 0) from None
+        raise JSONHazard(str(e), "", 0) from None
     # Cheap pre-checks: fewer brackets than the limit cannot nest past it, and a surrogate
     # can only come from a \u escape (strict UTF-8 decoding refused encoded ones).
     deep = text.count("[") + text.count("{") > MAX_JSON_DEPTH
@@ -93,7 +110,7 @@ def strict_json_loads(body: bytes) -> Any:
     if deep or surrogates:
         problem = _depth_or_surrogate_error(value, surrogates)
         if problem is not None:
-            raise json.JSONDecodeError(problem, "", 0)
+            raise JSONHazard(problem, "", 0)
     return value
 
 

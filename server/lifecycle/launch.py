@@ -12,6 +12,7 @@ import os
 import socket
 import threading
 import time
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -23,6 +24,7 @@ from mlxserve.scheduler.engine import Engine
 from mlxserve.server.app import VERSION, create_app
 from mlxserve.server.config import ModelConfig, ServerConfig
 from mlxserve.server.http.auth import is_loopback
+from mlxserve.server.http.slow_clients import guarded_h11
 from mlxserve.server.lifecycle.engines import build_engine
 from mlxserve.server.lifecycle.loading import (
     BackgroundLoader,
@@ -71,7 +73,7 @@ def serve(config: ServerConfig, model_config: ModelConfig, engine_config: Engine
         host=config.host,
         port=config.port,
         log_level=config.log_level,
-        timeout_graceful_shutdown=FLUSH_TIMEOUT_S,
+        **uvicorn_options(config),
     )
     server = GracefulServer(uv_config, state.shutdown, state.live_generations, state.engine_failure)
 
@@ -113,6 +115,15 @@ def serve(config: ServerConfig, model_config: ModelConfig, engine_config: Engine
         if isinstance(error, (ModelLoadError, RuntimeError)):
             raise error
         raise RuntimeError(f"loading failed: {error}") from error
+
+
+def uvicorn_options(config: ServerConfig) -> dict[str, Any]:
+    """uvicorn's settings that bound slow and many clients (``server/http/slow_clients.py``)."""
+    return {
+        "timeout_graceful_shutdown": FLUSH_TIMEOUT_S,
+        "http": guarded_h11(config.header_timeout),
+        "limit_concurrency": config.max_connections or None,
+    }
 
 
 def check_model_path(spec: str | None) -> None:
@@ -165,7 +176,7 @@ class BackgroundServer:
         # The engine this server owns (set by serve_in_background); stop() shuts it down.
         self.engine: Engine | None = None
         state: ServerState = app.state.server
-        config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=FLUSH_TIMEOUT_S)
+        config = uvicorn.Config(app, log_level=log_level, **uvicorn_options(state.config))
         self._server = GracefulServer(config, state.shutdown, state.live_generations)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True

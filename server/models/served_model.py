@@ -11,6 +11,7 @@ from typing import Any
 
 from mlxserve.scheduler.client import EngineClient
 from mlxserve.server.config import ModelConfig
+from mlxserve.server.serving.prompt_size import check_text_fits, max_token_chars, text_chars
 from mlxserve.server.serving.reasoning import is_reasoning_model
 from mlxserve.server.serving.token_logprobs import TokenTexts
 from mlxserve.server.serving.tool_parsers import ToolFormat, resolve_tool_format
@@ -48,6 +49,8 @@ class ServedModel:
         reasoning: the model's output may open with ``<think>`` reasoning.
         token_texts: token id -> text for logprobs (cached across requests).
         tool_format: how the model writes tool calls (``--tool-parser``).
+        max_token_chars: the most characters one token stands for (0: unknown), the bound
+            that refuses text too long for the context before it is encoded.
     """
 
     info: ModelInfo
@@ -58,6 +61,7 @@ class ServedModel:
     reasoning: bool = False
     token_texts: TokenTexts = field(init=False)
     tool_format: ToolFormat = field(init=False)
+    max_token_chars: int = field(init=False)
 
     def __post_init__(self) -> None:
         tokenizer = self.info.tokenizer
@@ -67,6 +71,13 @@ class ServedModel:
         self.reasoning = is_reasoning_model(tokenizer)
         self.token_texts = TokenTexts(tokenizer)
         self.tool_format = resolve_tool_format(self.config.tool_parser, tokenizer)
+        self.max_token_chars = max_token_chars(tokenizer)
+
+    def check_text_fits(self, text: Any, param: str) -> None:
+        """Raises: APIError 400 when the client text in ``text`` (strings, nested) cannot
+        fit the context, before anything is rendered or encoded."""
+        chars = text_chars(text)
+        check_text_fits(chars, self.context_length, self.max_token_chars, param)
 
     @property
     def tokenizer(self) -> Any:

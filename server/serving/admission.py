@@ -72,7 +72,9 @@ class Admission:
         engine = target.engine
         if not engine.is_alive:
             raise APIError(503, "The engine is not running.", type="server_error")
-        check_queue(engine.stats().num_waiting, config.max_queue)
+        stats = engine.stats()
+        unfinished = stats.num_running + stats.num_waiting
+        check_queue(unfinished, spec.n, engine.max_running_requests, config.max_queue)
         response_id = f"{spec.kind}-{uuid.uuid4().hex}"
         generations = [
             Generation(
@@ -86,6 +88,7 @@ class Admission:
                 max_buffered_tokens=config.stream_buffer_tokens,
                 keep_output=keep_output,
                 constraint=_matcher_of_choice(spec.constraint, i),
+                cache_namespace=spec.cache_namespace,
             )
             for i, choice_params in enumerate(params)
         ]

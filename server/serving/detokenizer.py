@@ -22,16 +22,21 @@ class IncrementalDetokenizer:
     Args:
         tokenizer: anything with ``decode(ids, skip_special_tokens=...)``.
         prompt_ids: the prompt (only its last few ids are used, as context).
+        skip_special_tokens: leave special tokens' text out (generated text), or keep it
+            (an echoed prompt, whose text keeps them).
     """
 
-    def __init__(self, tokenizer: Any, prompt_ids: list[int]) -> None:
+    def __init__(
+        self, tokenizer: Any, prompt_ids: list[int], skip_special_tokens: bool = True
+    ) -> None:
         self._tokenizer = tokenizer
+        self._skip_special = skip_special_tokens
         self._ids = list(prompt_ids[-_CONTEXT_TOKENS:])
         self._prefix_offset = 0
         self._read_offset = len(self._ids)
 
     def _decode(self, ids: list[int]) -> str:
-        return self._tokenizer.decode(ids, skip_special_tokens=True)
+        return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special)
 
     def add(self, token: int) -> str:
         """Returns the text this token completes (may be empty)."""

@@ -95,6 +95,7 @@ class Generation:
             ``max_tokens`` 0): the generated token is dropped, the finish reason is "length".
         constraint: the compiled grammar the output follows (structured output, tool
             calls), this request's own matcher.
+        cache_namespace: the prefix-cache namespace the request runs in.
 
     Attributes:
         prompt_logprobs: the engine's prompt logprobs (when asked), once the first token came.
@@ -114,6 +115,7 @@ class Generation:
         *,
         keep_output: bool = True,
         constraint: Constraint | None = None,
+        cache_namespace: str = "",
     ) -> None:
         self.engine = engine
         self.request_id = request_id
@@ -138,6 +140,7 @@ class Generation:
         self._want_logprobs = params.logprobs is not None
         self._keep_output = keep_output
         self.constraint = constraint
+        self.cache_namespace = cache_namespace
         self._text_len = 0  # characters detokenized so far (before stop matching)
         self.prompt_logprobs: list[Any] | None = None
         self.cached_tokens = 0
@@ -152,6 +155,7 @@ class Generation:
             self.params,
             self._on_output,
             constraint=self.constraint,
+            cache_namespace=self.cache_namespace,
         )
         if self._timeout:
             self._timer = self._loop.call_later(self._timeout, self._on_timeout)

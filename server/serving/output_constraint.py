@@ -12,13 +12,18 @@ a bad schema, regex or grammar is a 400 that names its field.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from dataclasses import dataclass, replace
 
 from mlxserve.scheduler.client import EngineClient
-from mlxserve.scheduler.constraints import JSON_STYLE, Constraint, GrammarSpec
+from mlxserve.scheduler.constraints import (
+    JSON_STYLE,
+    Constraint,
+    GrammarSpec,
+    GrammarUnsatisfiable,
+)
 from mlxserve.server.http.errors import invalid_request
+from mlxserve.server.serving.offload import offload
 from mlxserve.server.serving.tool_parsers import hermes_format
 from mlxserve.server.serving.tool_plan import ToolPlan
 
@@ -103,24 +108,26 @@ async def compile_constraint(engine: EngineClient, constraint: OutputConstraint)
         the compiled matcher of the request's first choice (``copy()`` it for the others).
 
     Raises:
-        APIError: 400 naming the field at fault, with llguidance's reason.
+        APIError: 400 naming the field at fault, with llguidance's reason (code
+            ``grammar_unsatisfiable`` for a grammar that matches no text).
     """
     spec, param, suspects = constraint.spec, constraint.param, constraint.suspects
 
-    def compile_all() -> Constraint | tuple[str, str]:
+    def compile_all() -> Constraint | tuple[ValueError, str]:
         try:
             return engine.compile_grammar(spec)
         except ValueError as e:
-            failure = (str(e), param)
+            failure = (e, param)
         for part, part_param in suspects:
             try:
                 engine.compile_grammar(part)
             except ValueError as e:
-                return str(e), part_param
+                return e, part_param
         return failure
 
-    compiled = await asyncio.to_thread(compile_all)
+    compiled = await offload(compile_all)
     if isinstance(compiled, tuple):
-        message, at = compiled
-        raise invalid_request(f"Invalid '{at}': {message}", param=at)
+        error, at = compiled
+        code = "grammar_unsatisfiable" if isinstance(error, GrammarUnsatisfiable) else None
+        raise invalid_request(f"Invalid '{at}': {error}", param=at, code=code)
     return compiled

@@ -62,6 +62,7 @@ class GenerationSpec:
         stop: stop strings, matched on the text.
         sampling: how tokens are chosen.
         constraint: the compiled grammar the output follows (None: unconstrained).
+        cache_namespace: the prefix-cache namespace (``cache_namespace.py``; "": shared).
     """
 
     kind: str
@@ -72,3 +73,4 @@ class GenerationSpec:
     stop: list[str] = field(default_factory=list)
     sampling: SamplingSpec = field(default_factory=SamplingSpec)
     constraint: Constraint | None = None
+    cache_namespace: str = ""

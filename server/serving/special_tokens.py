@@ -31,8 +31,12 @@ from typing import Any
 
 from mlxserve.server.http.errors import invalid_request
 
-# Placeholders are single code points from the supplementary private use areas.
-_PLACEHOLDER_RANGES = (range(0xF0000, 0xFFFFE), range(0x100000, 0x10FFFE))
+# Placeholders are single code points from the private use areas (supplementary first).
+_PLACEHOLDER_RANGES = (
+    range(0xF0000, 0xFFFFE),
+    range(0x100000, 0x10FFFE),
+    range(0xE000, 0xF900),
+)
 
 
 @dataclass(frozen=True)
@@ -165,7 +169,13 @@ class SpecialTokenGuard:
         used = set().union(*(set(s) for s in strings))
         free = (chr(c) for r in _PLACEHOLDER_RANGES for c in r if chr(c) not in used)
         for special in injected:
-            placeholder = next(free)
+            placeholder = next(free, None)
+            if placeholder is None:
+                raise invalid_request(
+                    "The messages contain control-token text and use every private-use "
+                    "character, so that text cannot be kept plain; remove one or the other.",
+                    param="messages",
+                )
             self._mask[special] = placeholder
             self._restore[ord(placeholder)] = special
 

@@ -121,7 +121,8 @@ def prompt_entries(
         prompt_logprobs: the engine's ``TokenLogprob | None`` per prompt token (the first is
             None), or None when they were not computed (every logprob is then None).
     """
-    detokenizer = IncrementalDetokenizer(tokenizer, [])
+    # The echoed prompt keeps its special tokens' text, so its offsets must count it too.
+    detokenizer = IncrementalDetokenizer(tokenizer, [], skip_special_tokens=False)
     entries = []
     offset = 0
     for i, token_id in enumerate(prompt_ids):

@@ -23,6 +23,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from mlxserve.server.http.json_body import strict_json_text
 from mlxserve.server.serving.stop_strings import partial_suffix_len
 from mlxserve.server.serving.tool_parsers import ToolFormat
 
@@ -61,7 +62,7 @@ def parse_calls(fmt: ToolFormat, text: str, tools: list[dict[str, Any]] | None) 
             raise ValueError("a tool call needs a function name")
         arguments = call.get("arguments", call.get("parameters", {}))
         if isinstance(arguments, str):
-            arguments = json.loads(arguments)
+            arguments = strict_json_text(arguments)  # a ValueError when it is not JSON
         if not isinstance(arguments, dict):
             raise ValueError("tool call arguments must be a JSON object")
         out.append(ParsedCall(name, json.dumps(arguments, ensure_ascii=False)))

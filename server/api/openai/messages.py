@@ -11,10 +11,11 @@ templates ``tojson`` them) and ``reasoning_content``; tool messages need ``tool_
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from mlxserve.server.http.json_body import JSONHazard, strict_json_text
 
 
 class _Model(BaseModel):
@@ -25,6 +26,19 @@ class ToolCallFunction(_Model):
     name: str
     arguments: str = ""
 
+    @field_validator("arguments")
+    @classmethod
+    def _safe_json(cls, value: str) -> str:
+        # Arguments that are not JSON stay a string for the template; JSON that breaks the
+        # body's rules (too deep, a lone surrogate) would break the template or tokenizer.
+        try:
+            strict_json_text(value)
+        except JSONHazard as e:
+            raise ValueError(f"'arguments' is unsafe JSON: {e.msg}.") from None
+        except ValueError:
+            pass
+        return value
+
 
 class ToolCall(_Model):
     id: str
@@ -34,7 +48,7 @@ class ToolCall(_Model):
     def template_dict(self) -> dict[str, Any]:
         arguments: Any = self.function.arguments
         try:
-            parsed = json.loads(arguments)
+            parsed = strict_json_text(arguments)
         except ValueError:
             parsed = None
         if isinstance(parsed, dict):

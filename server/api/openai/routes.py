@@ -22,10 +22,12 @@ from mlxserve.server.api.openai.spec import generation_spec
 from mlxserve.server.api.openai.sse import stream_chat, stream_completion
 from mlxserve.server.api.openai.structured_output import output_constraints
 from mlxserve.server.api.openai.tools import plan_tools
+from mlxserve.server.http.auth import tenant_of
 from mlxserve.server.models.registry import ModelRegistry
 from mlxserve.server.models.served_model import ServedModel
 from mlxserve.server.serving.admission import Admission
 from mlxserve.server.serving.conversation import continuation_mode, render_chat
+from mlxserve.server.serving.offload import offload
 from mlxserve.server.serving.output_constraint import compile_constraint, request_constraint
 from mlxserve.server.serving.prompts import completion_prompt_ids
 from mlxserve.server.serving.reasoning import prompt_opens_reasoning
@@ -51,9 +53,12 @@ def add_openai_routes(app: FastAPI, models: ModelRegistry, admission: Admission)
         )
         tools = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, m.tool_format)
         constraint, tools = request_constraint(output_constraints(body), tools)
-        prompt_text, prompt_ids = render_chat(
+        conversation = conversation_of(body.messages)
+        m.check_text_fits([conversation, tools.prompt_tools], "messages")
+        prompt_text, prompt_ids = await offload(
+            render_chat,
             m.tokenizer,
-            conversation_of(body.messages),
+            conversation,
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final,
             template_kwargs=body.chat_template_kwargs,
@@ -66,7 +71,9 @@ def add_openai_routes(app: FastAPI, models: ModelRegistry, admission: Admission)
             return ChatShaper(texts, body.top_logprobs or 0, m.reasoning, in_reasoning, tools)
 
         compiled = None if constraint is None else await compile_constraint(m.engine, constraint)
-        spec = generation_spec(body, "chatcmpl", prompt_ids, "messages", compiled)
+        spec = generation_spec(
+            body, "chatcmpl", prompt_ids, "messages", compiled, tenant_of(request)
+        )
         choices = admission.submit(m, spec)
         if body.stream:
             return stream_chat(choices, m.name, body.include_usage, shaper)
@@ -75,7 +82,9 @@ def add_openai_routes(app: FastAPI, models: ModelRegistry, admission: Admission)
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> Any:
         m = models.get(body.model)
-        prompt_ids = completion_prompt_ids(m.tokenizer, body.prompt, m.vocab_size)
+        if isinstance(body.prompt, str):
+            m.check_text_fits(body.prompt, "prompt")
+        prompt_ids = await offload(completion_prompt_ids, m.tokenizer, body.prompt, m.vocab_size)
         echo_text = None
         if body.echo:
             prompt = body.prompt
@@ -87,7 +96,7 @@ def add_openai_routes(app: FastAPI, models: ModelRegistry, admission: Admission)
 
         constraint, _ = request_constraint(output_constraints(body), ToolPlan())
         compiled = None if constraint is None else await compile_constraint(m.engine, constraint)
-        spec = generation_spec(body, "cmpl", prompt_ids, "prompt", compiled)
+        spec = generation_spec(body, "cmpl", prompt_ids, "prompt", compiled, tenant_of(request))
         choices = admission.submit(m, spec)
         if body.stream:
             return stream_completion(choices, m.name, body.include_usage, shaper)

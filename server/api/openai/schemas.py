@@ -138,6 +138,9 @@ class GenerationRequest(_Model):
     )
     min_tokens: int = Field(default=0, ge=0)
     ignore_eos: bool = False
+    # vLLM's prefix-cache salt: a salted request only reuses cached prefixes of requests
+    # with the same salt (server/serving/cache_namespace.py).
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
     # Structured output (server/api/openai/structured_output.py): OpenAI's response_format, vLLM's
     # structured_outputs and its older guided_* fields.
     response_format: ResponseFormat | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from mlxserve.scheduler.constraints import Constraint
 from mlxserve.server.api.openai.schemas import GenerationRequest
+from mlxserve.server.serving.cache_namespace import cache_namespace
 from mlxserve.server.serving.spec import GenerationSpec, SamplingSpec
 
 
@@ -32,9 +33,11 @@ def generation_spec(
     prompt_ids: list[int],
     prompt_param: str,
     constraint: Constraint | None,
+    tenant: str | None = None,
 ) -> GenerationSpec:
     """The spec of a chat (``kind`` "chatcmpl", prompt in "messages") or completion
-    ("cmpl", "prompt") request whose prompt is ``prompt_ids``."""
+    ("cmpl", "prompt") request whose prompt is ``prompt_ids``, sent by ``tenant`` (None: the
+    shared tenant)."""
     return GenerationSpec(
         kind=kind,
         prompt_ids=prompt_ids,
@@ -44,4 +47,5 @@ def generation_spec(
         stop=body.stop_strings,
         sampling=sampling_spec(body),
         constraint=constraint,
+        cache_namespace=cache_namespace(tenant, body.cache_salt),
     )

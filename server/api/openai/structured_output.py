@@ -21,6 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from mlxserve.scheduler.constraints import GrammarSpec
+from mlxserve.server.http.json_body import strict_json_text
 
 
 class _Model(BaseModel):
@@ -33,7 +34,7 @@ def json_schema_value(value: Any) -> dict[str, Any] | None:
         return value
     if isinstance(value, str):
         try:
-            value = json.loads(value)
+            value = strict_json_text(value)
         except ValueError as e:
             raise ValueError(f"the JSON schema is not valid JSON: {e}") from None
         if isinstance(value, dict):

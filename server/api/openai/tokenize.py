@@ -31,6 +31,7 @@ from mlxserve.server.http.errors import invalid_request
 from mlxserve.server.models.registry import ModelRegistry
 from mlxserve.server.models.served_model import ServedModel
 from mlxserve.server.serving.conversation import continuation_mode, render_chat
+from mlxserve.server.serving.offload import offload
 
 
 class _Model(BaseModel):
@@ -114,7 +115,7 @@ def add_tokenize_routes(app: FastAPI, models: ModelRegistry) -> None:
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> TokenizeResponse:
         c = model_of(body.model)
-        ids = _tokenize(c, body)
+        ids = await offload(_tokenize, c, body)
         strs = None
         if body.return_token_strs:
             strs = [str(s) for s in c.tokenizer.convert_ids_to_tokens(ids)]
