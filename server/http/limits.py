@@ -10,6 +10,7 @@ from __future__ import annotations
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from mlxserve.server.http.body_guard import call_answering
 from mlxserve.server.http.errors import APIError, ErrorShapes
 
 
@@ -51,7 +52,6 @@ class BodySizeLimit:
             await self.shapes.response(_too_large(limit), scope["path"])(scope, receive, send)
             return
         received = 0
-        started = False
 
         async def counting_receive() -> Message:
             nonlocal received
@@ -62,15 +62,12 @@ class BodySizeLimit:
                     raise BodyTooLarge(limit)
             return message
 
-        async def watching_send(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, counting_receive, watching_send)
-        except BodyTooLarge:
-            # Read outside FastAPI's body parsing (e.g. by a middleware): answer here.
-            if started:
-                raise
-            await self.shapes.response(_too_large(limit), scope["path"])(scope, receive, send)
+        await call_answering(
+            self.app,
+            scope,
+            counting_receive,
+            send,
+            BodyTooLarge,
+            lambda _: _too_large(limit),
+            self.shapes,
+        )

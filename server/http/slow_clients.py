@@ -24,6 +24,7 @@ from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from mlxserve.server.http.body_guard import call_answering
 from mlxserve.server.http.errors import APIError, ErrorShapes
 
 
@@ -91,7 +92,6 @@ class BodyReadTimeout:
             return
         deadline: float | None = None
         body_done = False
-        started = False
 
         async def timed_receive() -> Message:
             nonlocal deadline, body_done
@@ -108,16 +108,9 @@ class BodyReadTimeout:
                 body_done = True
             return message
 
-        async def watching_send(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
+        def timeout_error(e: HTTPException) -> APIError:
+            return APIError(408, str(e.detail), type="timeout_error", code="request_timeout")
 
-        try:
-            await self.app(scope, timed_receive, watching_send)
-        except BodyTimeout as e:
-            # Read outside FastAPI's body parsing (e.g. by a middleware): answer here.
-            if started:
-                raise
-            error = APIError(408, str(e.detail), type="timeout_error", code="request_timeout")
-            await self.shapes.response(error, scope["path"])(scope, receive, send)
+        await call_answering(
+            self.app, scope, timed_receive, send, BodyTimeout, timeout_error, self.shapes
+        )
