@@ -107,7 +107,7 @@ def create_app(
 
     @app.get("/metrics", response_model=None)
     async def metrics() -> Response:
-        if state.metrics is None:
+        if not state.metrics_ready:
             raise APIError(503, "Metrics start once the model is loaded.", type="server_error")
         body, content_type = state.metrics.render()
         return Response(body, media_type=content_type)

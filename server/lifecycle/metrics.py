@@ -8,7 +8,9 @@ Two sources, as in vLLM:
   engine's last ``EngineStats`` snapshot, so a scrape never waits for the engine.
 
 Each app gets its own ``CollectorRegistry`` (never the process-wide default), so several
-servers in one process (tests, benchmarks) do not collide.
+servers in one process (tests, benchmarks) do not collide; in it every series carries the
+``model_name`` label, one child per served model. Model loads and unloads are counted too
+(``model_loads_total``, ``model_unloads_total``, ``model_load_seconds``).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ ITL_BUCKETS = (
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
     1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
 )  # fmt: skip
+MODEL_LOAD_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0)
 REQUEST_LATENCY_BUCKETS = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
     40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
@@ -60,95 +63,158 @@ def build_1_2_5_buckets(max_value: int) -> list[int]:
 
 
 class Metrics:
-    """The metrics of one served model; also the engine's ``StatsObserver``.
+    """The server's metrics: one registry, every model's series labelled ``model_name``.
 
-    Args:
-        model_name: the served model name (the ``model_name`` label, as in vLLM).
-        max_model_len: the context length (top of the token-count buckets).
-        engine_stats: returns the engine's current ``EngineStats`` (thread-safe), or None
-            while there is no engine yet.
+    ``add_model`` gives each loaded model a ``ModelMetrics`` (its engine's
+    ``StatsObserver``) and exports its engine's state gauges until ``remove_model``; the
+    model's counters and histograms stay (a counter never goes back). The histograms'
+    token-count buckets follow the first model's context length.
     """
 
-    def __init__(
-        self,
-        model_name: str,
-        max_model_len: int,
-        engine_stats: Callable[[], EngineStats | None],
-    ) -> None:
+    def __init__(self) -> None:
         # No "_created" series: they double the exposition and dashboards do not use them.
         # A process-wide switch, which is fine: it only drops those series.
         disable_created_metrics()
         self.registry = CollectorRegistry()
+        self._families: _Families | None = None
+        self._engines = _EngineCollector()
+        self.registry.register(self._engines)
         reg = self.registry
-
-        # Children bound to the model label: the engine thread only touches ready objects.
-        def counter(name: str, doc: str) -> Any:
-            return Counter(PREFIX + name, doc, ["model_name"], registry=reg).labels(model_name)
-
-        def histogram(name: str, doc: str, buckets: Sequence[float]) -> Any:
-            family = Histogram(PREFIX + name, doc, ["model_name"], buckets=buckets, registry=reg)
-            return family.labels(model_name)
-
-        token_buckets = build_1_2_5_buckets(max(max_model_len, 1))
-        self._prompt_tokens = counter("prompt_tokens", "Number of prefill tokens processed.")
-        self._generation_tokens = counter(
-            "generation_tokens", "Number of generation tokens processed."
+        self._loads = Counter(
+            PREFIX + "model_loads", "Models loaded.", ["model_name"], registry=reg
         )
-        success = Counter(
-            PREFIX + "request_success",
-            "Count of processed requests, by finish reason.",
-            ["model_name", "finished_reason"],
+        self._unloads = Counter(
+            PREFIX + "model_unloads", "Models unloaded.", ["model_name"], registry=reg
+        )
+        self._load_seconds = Histogram(
+            PREFIX + "model_load_seconds",
+            "Histogram of model load time in seconds.",
+            ["model_name"],
+            buckets=MODEL_LOAD_BUCKETS,
             registry=reg,
         )
-        # Every reason is exported from the start (at 0), so rate() works from the first scrape.
-        self._success = {r: success.labels(model_name, r) for r in FINISH_REASONS}
-        self._ttft = histogram(
+
+    def add_model(
+        self,
+        model_name: str,
+        max_model_len: int,
+        engine_stats: Callable[[], EngineStats | None],
+    ) -> ModelMetrics:
+        """Start exporting a loaded model; returns its engine's observer."""
+        if self._families is None:
+            self._families = _Families(self.registry, max_model_len)
+        self._engines.models[model_name] = engine_stats
+        return ModelMetrics(self._families, model_name)
+
+    def remove_model(self, model_name: str) -> None:
+        """Stop exporting an unloaded model's engine state."""
+        self._engines.models.pop(model_name, None)
+
+    def model_loaded(self, model_name: str, seconds: float) -> None:
+        self._loads.labels(model_name).inc()
+        self._load_seconds.labels(model_name).observe(seconds)
+
+    def model_unloaded(self, model_name: str) -> None:
+        self._unloads.labels(model_name).inc()
+
+    def render(self) -> tuple[bytes, str]:
+        """The text exposition of every metric, and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class _Families:
+    """The request metric families (created once per registry)."""
+
+    def __init__(self, reg: CollectorRegistry, max_model_len: int) -> None:
+        def counter(name: str, doc: str, labels: Sequence[str] = ("model_name",)) -> Counter:
+            return Counter(PREFIX + name, doc, list(labels), registry=reg)
+
+        def histogram(name: str, doc: str, buckets: Sequence[float]) -> Histogram:
+            return Histogram(PREFIX + name, doc, ["model_name"], buckets=buckets, registry=reg)
+
+        token_buckets = build_1_2_5_buckets(max(max_model_len, 1))
+        self.prompt_tokens = counter("prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = counter(
+            "generation_tokens", "Number of generation tokens processed."
+        )
+        self.success = counter(
+            "request_success",
+            "Count of processed requests, by finish reason.",
+            ("model_name", "finished_reason"),
+        )
+        self.ttft = histogram(
             "time_to_first_token_seconds",
             "Histogram of time to first token in seconds.",
             TTFT_BUCKETS,
         )
-        self._itl = histogram(
+        self.itl = histogram(
             "inter_token_latency_seconds",
             "Histogram of inter-token latency in seconds.",
             ITL_BUCKETS,
         )
-        self._e2e = histogram(
+        self.e2e = histogram(
             "e2e_request_latency_seconds",
             "Histogram of e2e request latency in seconds.",
             REQUEST_LATENCY_BUCKETS,
         )
-        self._queue = histogram(
+        self.queue = histogram(
             "request_queue_time_seconds",
             "Histogram of time spent in WAITING phase for request.",
             REQUEST_LATENCY_BUCKETS,
         )
-        self._inference = histogram(
+        self.inference = histogram(
             "request_inference_time_seconds",
             "Histogram of time spent in RUNNING phase for request.",
             REQUEST_LATENCY_BUCKETS,
         )
-        self._prefill = histogram(
+        self.prefill = histogram(
             "request_prefill_time_seconds",
             "Histogram of time spent in PREFILL phase for request.",
             REQUEST_LATENCY_BUCKETS,
         )
-        self._decode = histogram(
+        self.decode = histogram(
             "request_decode_time_seconds",
             "Histogram of time spent in DECODE phase for request.",
             REQUEST_LATENCY_BUCKETS,
         )
-        self._prompt_len = histogram(
+        self.prompt_len = histogram(
             "request_prompt_tokens", "Number of prefill tokens processed.", token_buckets
         )
-        self._generation_len = histogram(
+        self.generation_len = histogram(
             "request_generation_tokens", "Number of generation tokens processed.", token_buckets
         )
-        self._max_tokens = histogram(
+        self.max_tokens = histogram(
             "request_params_max_tokens",
             "Histogram of the max_tokens request parameter.",
             token_buckets,
         )
-        self.registry.register(_EngineCollector(model_name, engine_stats))
+
+
+class ModelMetrics:
+    """One model's request metrics; its engine's ``StatsObserver``.
+
+    Args:
+        families: the server's metric families.
+        model_name: the served model name (the ``model_name`` label, as in vLLM).
+    """
+
+    def __init__(self, families: _Families, model_name: str) -> None:
+        f = families
+        # Children bound to the model label: the engine thread only touches ready objects.
+        self._prompt_tokens = f.prompt_tokens.labels(model_name)
+        self._generation_tokens = f.generation_tokens.labels(model_name)
+        # Every reason is exported from the start (at 0), so rate() works from the first scrape.
+        self._success = {r: f.success.labels(model_name, r) for r in FINISH_REASONS}
+        self._ttft = f.ttft.labels(model_name)
+        self._itl = f.itl.labels(model_name)
+        self._e2e = f.e2e.labels(model_name)
+        self._queue = f.queue.labels(model_name)
+        self._inference = f.inference.labels(model_name)
+        self._prefill = f.prefill.labels(model_name)
+        self._decode = f.decode.labels(model_name)
+        self._prompt_len = f.prompt_len.labels(model_name)
+        self._generation_len = f.generation_len.labels(model_name)
+        self._max_tokens = f.max_tokens.labels(model_name)
 
     # ----------------------------------------------------------------- StatsObserver
     def on_first_token(self, prompt_tokens: int, num_tokens: int, ttft: float) -> None:
@@ -178,50 +244,50 @@ class Metrics:
             if value is not None:
                 histogram.observe(value)
 
-    # ----------------------------------------------------------------- exposition
-    def render(self) -> tuple[bytes, str]:
-        """The text exposition of every metric, and its content type."""
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
-
 
 class _EngineCollector(Collector):
-    """Engine-state gauges and the engine's own counters, read from its snapshot on scrape."""
+    """Engine-state gauges and the engine's own counters of every loaded model, read from
+    each engine's snapshot on scrape."""
 
-    def __init__(self, model_name: str, engine_stats: Callable[[], EngineStats | None]) -> None:
-        self._model_name = model_name
-        self._engine_stats = engine_stats
+    def __init__(self) -> None:
+        # model name -> its engine's stats (replaced whole, never mutated in place).
+        self.models: dict[str, Callable[[], EngineStats | None]] = {}
 
     def collect(self) -> Iterator[Metric]:
-        stats = self._engine_stats() or EngineStats()
-        families = (
-            (GaugeMetricFamily, "num_requests_running",
-             "Number of requests in model execution batches.", stats.num_running),
-            (GaugeMetricFamily, "num_requests_waiting",
-             "Number of requests waiting to be processed.", stats.num_waiting),
-            (GaugeMetricFamily, "kv_cache_usage_perc",
-             "KV-cache usage. 1 means 100 percent usage.", stats.kv_usage),
-            (GaugeMetricFamily, "kv_cache_total_tokens",
-             "Token slots in the KV pool.", stats.kv_total_tokens),
-            (CounterMetricFamily, "num_preemptions",
-             "Cumulative number of preemption from the engine.", stats.num_preemptions),
-            (CounterMetricFamily, "prefix_cache_queries",
-             "Prefix cache queries, in terms of number of queried tokens.",
-             stats.prefix_cache_queries),
-            (CounterMetricFamily, "prefix_cache_hits",
-             "Prefix cache hits, in terms of number of cached tokens.", stats.prefix_cache_hits),
-            (GaugeMetricFamily, "prefix_cache_tokens",
-             "Token slots held by the prefix cache.", stats.prefix_cache_tokens),
-            (CounterMetricFamily, "prompt_tokens_computed",
-             "Prompt tokens that went through a forward (not served from the prefix cache).",
-             stats.prompt_tokens_computed),
-            (GaugeMetricFamily, "mlx_active_memory_bytes",
-             "Memory MLX holds in live arrays.", stats.mlx_active_bytes),
-            (GaugeMetricFamily, "mlx_peak_memory_bytes",
-             "Peak of mlx_active_memory_bytes since start.", stats.mlx_peak_bytes),
-            (GaugeMetricFamily, "mlx_cache_memory_bytes",
-             "Memory MLX keeps cached for reuse.", stats.mlx_cache_bytes),
-        )  # fmt: skip
-        for family_class, name, doc, value in families:
+        models = [(name, stats() or EngineStats()) for name, stats in list(self.models.items())]
+        for family_class, name, doc, value_of in _ENGINE_FAMILIES:
             family = family_class(PREFIX + name, doc, labels=["model_name"])
-            family.add_metric([self._model_name], value)
+            for model_name, stats in models:
+                family.add_metric([model_name], value_of(stats))
             yield family
+
+
+# (family, name, help, the value in a snapshot) of every engine-state series.
+_ENGINE_FAMILIES: tuple[tuple[Any, str, str, Callable[[EngineStats], float]], ...] = (
+    (GaugeMetricFamily, "num_requests_running",
+     "Number of requests in model execution batches.", lambda s: s.num_running),
+    (GaugeMetricFamily, "num_requests_waiting",
+     "Number of requests waiting to be processed.", lambda s: s.num_waiting),
+    (GaugeMetricFamily, "kv_cache_usage_perc",
+     "KV-cache usage. 1 means 100 percent usage.", lambda s: s.kv_usage),
+    (GaugeMetricFamily, "kv_cache_total_tokens",
+     "Token slots in the KV pool.", lambda s: s.kv_total_tokens),
+    (CounterMetricFamily, "num_preemptions",
+     "Cumulative number of preemption from the engine.", lambda s: s.num_preemptions),
+    (CounterMetricFamily, "prefix_cache_queries",
+     "Prefix cache queries, in terms of number of queried tokens.",
+     lambda s: s.prefix_cache_queries),
+    (CounterMetricFamily, "prefix_cache_hits",
+     "Prefix cache hits, in terms of number of cached tokens.", lambda s: s.prefix_cache_hits),
+    (GaugeMetricFamily, "prefix_cache_tokens",
+     "Token slots held by the prefix cache.", lambda s: s.prefix_cache_tokens),
+    (CounterMetricFamily, "prompt_tokens_computed",
+     "Prompt tokens that went through a forward (not served from the prefix cache).",
+     lambda s: s.prompt_tokens_computed),
+    (GaugeMetricFamily, "mlx_active_memory_bytes",
+     "Memory MLX holds in live arrays.", lambda s: s.mlx_active_bytes),
+    (GaugeMetricFamily, "mlx_peak_memory_bytes",
+     "Peak of mlx_active_memory_bytes since start.", lambda s: s.mlx_peak_bytes),
+    (GaugeMetricFamily, "mlx_cache_memory_bytes",
+     "Memory MLX keeps cached for reuse.", lambda s: s.mlx_cache_bytes),
+)  # fmt: skip

@@ -48,7 +48,9 @@ class ServerState:
         self.model_config = model_config or ModelConfig()
         self.progress = progress or LoadProgress(show_bar=False)
         self.shutdown = ShutdownState(config.shutdown_timeout)
-        self.metrics: Metrics | None = None
+        self.metrics = Metrics()
+        # /metrics answers once a model was loaded (before that it says the server loads).
+        self.metrics_ready = False
         self.models = ModelRegistry()
         self.admission = Admission(config)
 
@@ -66,9 +68,8 @@ class ServerState:
             int(loaded.config.get("vocab_size") or 0),
         )
         model = ServedModel(info, engine, self.model_config)
-        metrics = Metrics(model.name, model.context_length, engine.stats)
-        engine.observer = metrics
-        self.metrics = metrics
+        engine.observer = self.metrics.add_model(model.name, model.context_length, engine.stats)
+        self.metrics_ready = True
         self.models.add(model)  # last: the gate takes a served model to mean "ready"
         self.progress.finish()
 
