@@ -60,14 +60,16 @@ class GGUFModel:
     report: LoadReport = field(default_factory=LoadReport)
 
 
-def load_gguf_model(path: str, *, inexact_as_float: bool = True) -> GGUFModel:
+def load_gguf_model(path: str, *, inexact_as_float: bool | None = None) -> GGUFModel:
     """Load ``path`` as an mlx-lm model.
 
     Args:
         path: the GGUF file.
         inexact_as_float: formats MLX cannot hold exactly (Q6_K, Q3_K, Q2_K, IQ*, TQ*)
             become exact float32 values (True) or MLX 8-bit quantization of them (False,
-            for weights meant to stay quantized).
+            for weights meant to stay quantized). None: True on the CPU backend when the
+            whole model fits in memory as float32 (the CPU path dequantizes every layer
+            after loading anyway, see ``dequantize.py``), else False.
 
     Returns:
         The ``GGUFModel``. On the CPU backend every float is float32.
@@ -82,6 +84,8 @@ def load_gguf_model(path: str, *, inexact_as_float: bool = True) -> GGUFModel:
         arch = architecture_for(gf.architecture)
         for info in gf.tensors.values():
             check_supported(info)
+        if inexact_as_float is None:
+            inexact_as_float = _float32_fits(gf)
         float_dtype = mx.float32 if mx.default_device() == mx.cpu else None
 
         def read_float(name: str) -> np.ndarray:
@@ -166,6 +170,16 @@ def _convert_parameters(gf, arch, model, config, inexact_as_float, float_dtype, 
             f"model: {shown}"
         )
     return weights, quant, sources
+
+
+def _float32_fits(gf: GGUFFile) -> bool:
+    if mx.default_device() != mx.cpu:
+        return False
+    from mlxserve.mlx_backend.loading.dequantize import default_growth_budget_bytes
+
+    float32_bytes = sum(4 * t.n_elements for t in gf.tensors.values())
+    file_bytes = sum(t.nbytes for t in gf.tensors.values())
+    return float32_bytes - file_bytes <= default_growth_budget_bytes()
 
 
 def config_layers(config: dict) -> int:
