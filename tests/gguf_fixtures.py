@@ -203,3 +203,53 @@ def write_gguf(arch: str, path: Path, seed: int = 0, tensor_type=default_tensor_
     ref_model.eval()
     mx.eval(ref_model.parameters())
     return GGUFFixture(arch, Path(path), config, ref_model, types, tok_kind)
+
+
+def rewrite_gguf(
+    src: Path,
+    dst: Path,
+    *,
+    drop: tuple[str, ...] = (),
+    add: dict[str, np.ndarray] | None = None,
+    metadata: dict[str, Any] | None = None,
+    arch: str | None = None,
+) -> Path:
+    """Copy a GGUF file with tensors dropped or added and metadata values replaced (for
+    the refusal tests); read with gguf-py's own reader."""
+    reader = gguf.GGUFReader(str(src))
+    fields = {
+        name: field.contents()
+        for name, field in reader.fields.items()
+        if not name.startswith("GGUF.") and name != "general.architecture"
+    }
+    old_arch = reader.fields["general.architecture"].contents()
+    new_arch = arch or old_arch
+    writer = gguf.GGUFWriter(str(dst), new_arch)
+    for name, value in {**fields, **(metadata or {})}.items():
+        name = name.replace(f"{old_arch}.", f"{new_arch}.", 1)
+        if isinstance(value, bool):
+            writer.add_bool(name, value)
+        elif isinstance(value, int):
+            writer.add_uint32(name, value)
+        elif isinstance(value, float):
+            writer.add_float32(name, value)
+        elif isinstance(value, str):
+            writer.add_string(name, value)
+        else:
+            writer.add_array(name, value)
+    for t in reader.tensors:
+        if t.name in drop:
+            continue
+        kind = gguf.GGMLQuantizationType(t.tensor_type)
+        data = np.array(t.data)
+        if kind in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
+            writer.add_tensor(t.name, data)
+        else:
+            writer.add_tensor(t.name, data, raw_dtype=kind)
+    for name, value in (add or {}).items():
+        writer.add_tensor(name, value)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return Path(dst)

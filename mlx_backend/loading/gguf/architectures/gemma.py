@@ -25,12 +25,15 @@ _GEMMA3_SLIDING_PATTERN = 6
 _GEMMA3_LOCAL_ROPE_BASE = 10_000.0
 
 
-def _query_pre_attn_scalar(hp: Hparams, config: dict, blocks_27b: int) -> float:
+def _query_pre_attn_scalar(hp: Hparams, config: dict, blocks_27b: int) -> int | float:
     if (scale := hp.get("attention.scale")) is not None:
-        return float(scale) ** -2
-    if config["num_hidden_layers"] == blocks_27b:
-        return config["hidden_size"] / config["num_attention_heads"]
-    return float(config["head_dim"])
+        value = float(scale) ** -2
+    elif config["num_hidden_layers"] == blocks_27b:
+        value = config["hidden_size"] / config["num_attention_heads"]
+    else:
+        value = config["head_dim"]
+    # transformers validates it as an int when config.json is read back.
+    return int(round(value)) if abs(value - round(value)) < 1e-3 else value
 
 
 def _base(hp: Hparams, model_type: str, architecture: str) -> dict[str, Any]:
