@@ -59,15 +59,24 @@ def _random_weights(model: nn.Module, tied: bool, seed: int) -> dict[str, np.nda
         shape = w.shape
         if name.endswith("norm.weight") or "layernorm" in name:
             base = 0.0 if "gemma" in type(model).__module__ else 1.0
+            if "post_" in name:  # Gemma's sandwich norms: louder blocks, varied tokens
+                base = 4.0
             value = base + 0.1 * rng.standard_normal(shape)
         elif name.endswith(".bias"):
             value = 0.1 * rng.standard_normal(shape)
         elif "embed_tokens" in name:
-            value = (0.3 if tied else 1.0) * rng.standard_normal(shape)
+            # Gemma scales embeddings by sqrt(hidden) and normalizes every block's output:
+            # a small embedding keeps the input token from dominating the tied head.
+            std = 0.05 if "gemma" in type(model).__module__ else 0.3 if tied else 1.0
+            value = std * rng.standard_normal(shape)
         elif "conv.conv" in name:
             value = rng.standard_normal(shape) / np.sqrt(shape[1])
         else:
             gain = 4.0 if name == "lm_head.weight" else 1.0
+            # A tied head sees the input token's embedding through the residual stream:
+            # stronger block outputs keep greedy decoding from repeating that token.
+            if tied and any(k in name for k in ("o_proj", "out_proj", "down_proj", "w2")):
+                gain = 4.0
             value = gain * rng.standard_normal(shape) / np.sqrt(shape[-1])
         out[name] = value.astype(np.float32)
     return out
@@ -157,11 +166,12 @@ def write_gguf(arch: str, path: Path, seed: int = 0, tensor_type=default_tensor_
     config = json.loads(json.dumps(config))
     module = importlib.import_module(f"mlx_lm.models.{module_name}")
     model = module.Model(module.ModelArgs.from_dict(config))
-    tied = bool(config.get("tie_word_embeddings", True)) and "lm_head.weight" not in dict(
+    # Untied heads (where the architecture has one) vary greedy tokens more.
+    tied = config.get("tie_word_embeddings") is True or "lm_head.weight" not in dict(
         tree_flatten(model.parameters())
-    ) or config.get("tie_word_embeddings") is True
+    )
     weights = _random_weights(model, tied, seed)
-    if config.get("tie_word_embeddings") is True or arch in ("gemma2", "gemma3", "lfm2"):
+    if tied:
         weights.pop("lm_head.weight", None)
 
     writer = gguf.GGUFWriter(str(path), arch)
