@@ -149,7 +149,11 @@ def gguf_name(arch: str, mlx_name: str) -> str:
 
 def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
     """llama.cpp's LlamaModel.permute: each head's [first half; second half] rows -> pairs."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
 
 
 def to_gguf(arch: str, mlx_name: str, w: np.ndarray) -> np.ndarray:

@@ -26,9 +26,15 @@ import numpy as np
 from gguf.quants import dequantize, quantize
 from mlx.utils import tree_flatten
 
-from tests.gguf_fixture_specs import CONFIGS, from_gguf, gguf_name, llama3_rope_factors
+from tests.gguf_fixture_specs import (
+    CONFIGS,
+    from_gguf,
+    gguf_name,
+    llama3_rope_factors,
+    to_gguf,
+    write_metadata,
+)
 from tests.gguf_fixture_specs import tensor_type as default_tensor_type
-from tests.gguf_fixture_specs import to_gguf, write_metadata
 from tests.gguf_quantizers import K_QUANTIZERS
 from tests.tiny_models import _byte_level_tokenizer_json
 
@@ -160,7 +166,9 @@ def write_gpt2_vocab(writer: Any, pre: str = "gpt2") -> None:
     writer.add_add_bos_token(False)
 
 
-def write_gguf(arch: str, path: Path, seed: int = 0, tensor_type=default_tensor_type) -> GGUFFixture:
+def write_gguf(
+    arch: str, path: Path, seed: int = 0, tensor_type=default_tensor_type
+) -> GGUFFixture:
     """Write the ``arch`` fixture at ``path``; see the module doc."""
     module_name, config, tok_kind = CONFIGS[arch]
     config = json.loads(json.dumps(config))

@@ -42,7 +42,9 @@ def _k_affine(x: np.ndarray, levels: int):
     m = np.clip(np.round(_safe_div(-lo, dmin)), 0, 63).astype(np.uint8)
     eff_scale = d * sc.astype(np.float32)
     eff_min = dmin * m.astype(np.float32)
-    q = np.round(_safe_div(sub + eff_min[..., None], np.broadcast_to(eff_scale[..., None], sub.shape)))
+    q = np.round(
+        _safe_div(sub + eff_min[..., None], np.broadcast_to(eff_scale[..., None], sub.shape))
+    )
     q = np.clip(q, 0, levels).astype(np.uint8)
     values = (eff_scale[..., None] * q.astype(np.float32) - eff_min[..., None]).reshape(n, 256)
     head = np.concatenate([d_raw, dmin_raw, _k_scales_pack(sc, m)], axis=1)
@@ -86,7 +88,7 @@ def quantize_q6_k(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     low = (q & 15).reshape(n, 2, 2, 64)
     ql = (low[:, :, 0, :] | (low[:, :, 1, :] << 4)).reshape(n, 128)
     high = (q >> 4).reshape(n, 2, 4, 32)
-    qh = (high[:, :, 0] | (high[:, :, 1] << 2) | (high[:, :, 2] << 4) | (high[:, :, 3] << 6))
+    qh = high[:, :, 0] | (high[:, :, 1] << 2) | (high[:, :, 2] << 4) | (high[:, :, 3] << 6)
     raw = np.concatenate([ql, qh.reshape(n, 64), sc.view(np.uint8), d_raw], axis=1)
     return _rows(raw.astype(np.uint8), rows), values.reshape(rows.shape)
 

@@ -94,9 +94,7 @@ class TestGreedyThroughTheEngine:
         self._run(served, fixtures, arch, make_engine, batch=4)
 
     @pytest.mark.parametrize("arch", sorted(_BATCH_BROKEN))
-    def test_one_at_a_time_greedy_equals_float_reference(
-        self, served, fixtures, arch, make_engine
-    ):
+    def test_one_at_a_time_greedy_equals_float_reference(self, served, fixtures, arch, make_engine):
         self._run(served, fixtures, arch, make_engine, batch=1)
 
     def _run(self, served, fixtures, arch, make_engine, batch):

@@ -83,7 +83,9 @@ class TestSentencePiece:
     def test_streaming_detokenizer_gives_the_decoded_text(self, spm_case):
         ours, reference, metadata = spm_case
         text = MIXED[2]
-        detok = SPMStreamingDetokenizer(ours, trim_space=metadata["tokenizer.ggml.add_space_prefix"])
+        detok = SPMStreamingDetokenizer(
+            ours, trim_space=metadata["tokenizer.ggml.add_space_prefix"]
+        )
         for token in reference.encode(text):
             detok.add_token(token)
         detok.finalize()
@@ -159,4 +161,3 @@ class TestChatTemplateDefaults:
         tok = load_gguf_tokenizer(metadata_of(tmp_path, vocab), "llama")
         text = tok.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False)
         assert text == "x!", text
-

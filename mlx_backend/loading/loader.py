@@ -145,7 +145,9 @@ def _load_gguf(path: str, model_id: str, keep_quantized: bool) -> LoadedModel:
     else:
         detokenizer = BPEStreamingDetokenizer
     tokenizer = TokenizerWrapper(
-        hf_tokenizer, detokenizer_class=detokenizer, eos_token_ids=gguf_eos_token_ids(loaded.metadata)
+        hf_tokenizer,
+        detokenizer_class=detokenizer,
+        eos_token_ids=gguf_eos_token_ids(loaded.metadata),
     )
     return LoadedModel(
         model=loaded.model,

@@ -25,7 +25,7 @@ class LoadReport:
         self.counts[(type_name, handling, tuple(sorted(detail.items())))] += 1
 
     def lines(self) -> list[str]:
-        """One line per (type, handling), e.g. ``Q6_K: 9 tensors dequantized exactly to float32``."""
+        """One line per (type, handling): ``Q6_K: 9 tensors dequantized exactly to float32``."""
         out = []
         for (type_name, handling, detail), n in sorted(self.counts.items()):
             text = _HANDLING_TEXT[handling].format(**dict(detail))

@@ -41,6 +41,7 @@ _STRING, _ARRAY = 8, 9
 _MAX_DIMS = 4
 _DEFAULT_ALIGNMENT = 32
 _PAGE = mmap.PAGESIZE
+_U64 = struct.Struct("<Q")
 
 
 class GGUFError(ValueError):
@@ -242,6 +243,26 @@ class _Cursor:
             # Some vocabularies hold invalid UTF-8 pieces; keep them readable, never fail.
             return self.buf[start : start + n].decode("utf-8", "replace")
 
+    def strings(self, count: int) -> list[str]:
+        """``count`` strings in a row (vocabularies: ~10x the speed of ``string`` calls)."""
+        buf, pos, end = self.buf, self.pos, len(self.buf)
+        unpack = _U64.unpack_from
+        out = []
+        append = out.append
+        for _ in range(count):
+            if pos + 8 > end:
+                break
+            (n,) = unpack(buf, pos)
+            pos += 8
+            if pos + n > end:
+                break
+            append(buf[pos : pos + n].decode("utf-8", "replace"))
+            pos += n
+        self.pos = pos
+        if len(out) < count:
+            self._take(end + 1 - pos)  # raises the truncation error
+        return out
+
     def array_of(self, dtype: str | np.dtype, count: int) -> np.ndarray:
         dt = np.dtype(dtype)
         start = self._take(dt.itemsize * count)
@@ -257,7 +278,7 @@ class _Cursor:
             if etype in _SCALARS:
                 return self.array_of(_SCALARS[etype], count).tolist()
             if etype == _STRING:
-                return [self.string() for _ in range(count)]
+                return self.strings(count)
             if etype == _ARRAY:
                 return [self.value(_ARRAY) for _ in range(count)]
         raise GGUFError(f"{self.path}: unknown GGUF metadata value type {vtype} at byte {self.pos}")

@@ -31,8 +31,8 @@ from mlxserve.mlx_backend.loading.gguf.float_formats import (
 from mlxserve.mlx_backend.loading.gguf.packing import pack_rows
 from mlxserve.mlx_backend.loading.gguf.reader import GGUFFile, TensorInfo
 
-# Values decoded per chunk: bounds the numpy temporaries (a few bytes per value each).
-_CHUNK_VALUES = 1 << 22
+# Values decoded per chunk: bounds the numpy temporaries (up to ~16 bytes per value).
+_CHUNK_VALUES = 1 << 20
 REQUANT_BITS = 8
 SUPPORTED_TYPES = frozenset(AFFINE_FORMATS) | FLOAT_DECODED | PLAIN_FLOATS
 
@@ -108,17 +108,17 @@ def convert_tensor(
         return _convert(gguf, info, quantizable, inexact_as_float, float_dtype)
     finally:
         gguf.release(info)
+        # The chunks' buffers would otherwise stay in MLX's cache, counted as resident.
+        mx.clear_cache()
 
 
 def _convert(gguf, info, quantizable, inexact_as_float, float_dtype) -> ConvertedTensor:
     name = info.type_name
-    cols = info.shape[-1]
     raw = gguf.tensor_bytes(info)
     if name in PLAIN_FLOATS:
-        return ConvertedTensor(
-            _plain(name, raw, info.shape, float_dtype), None, None, None, "float"
-        )
-    block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType[name]]
+        weight = _plain(name, raw, info.shape, float_dtype)
+        return ConvertedTensor(weight, None, None, None, "float")
+    _, type_size = GGML_QUANT_SIZES[GGMLQuantizationType[name]]
     blocks = raw.reshape(-1, type_size)
     fmt = AFFINE_FORMATS.get(name)
     keep_quantized = quantizable and len(info.shape) >= 2
@@ -126,16 +126,14 @@ def _convert(gguf, info, quantizable, inexact_as_float, float_dtype) -> Converte
         weight, scales, biases = _affine(blocks, fmt, info.shape)
         quant = {"group_size": GROUP, "bits": fmt.bits, "mode": fmt.mode}
         return ConvertedTensor(weight, scales, biases, quant, "exact")
-    values = _float(name, blocks, block, cols).reshape(info.shape)
-    if keep_quantized and not inexact_as_float and fmt is None and cols % GROUP == 0:
-        w, s, b = mx.quantize(mx.array(values), group_size=GROUP, bits=REQUANT_BITS)
-        mx.eval(w, s, b)
+    if keep_quantized and not inexact_as_float and fmt is None and info.shape[-1] % GROUP == 0:
+        weight, scales, biases = _requantized(name, blocks, info.shape)
         quant = {"group_size": GROUP, "bits": REQUANT_BITS, "mode": "affine"}
-        return ConvertedTensor(w, s, b, quant, "requantized")
-    out = mx.array(values)
+        return ConvertedTensor(weight, scales, biases, quant, "requantized")
+    out = _float(name, blocks, info.shape)
     if float_dtype is not None and float_dtype != mx.float32:
         out = out.astype(float_dtype)
-    mx.eval(out)
+        mx.eval(out)
     return ConvertedTensor(out, None, None, None, "dequantized")
 
 
@@ -152,57 +150,84 @@ def _plain(name: str, raw: np.ndarray, shape: tuple[int, ...], float_dtype) -> m
     return out
 
 
-def _chunks(n_blocks: int, blocks_per_row: int):
-    rows = n_blocks // blocks_per_row
-    step = max(1, _CHUNK_VALUES // (blocks_per_row * 32))
-    for start in range(0, rows, step):
-        stop = min(rows, start + step)
-        yield start, stop, slice(start * blocks_per_row, stop * blocks_per_row)
+class _Rows:
+    """A tensor's blocks in chunks of whole rows (about ``_CHUNK_VALUES`` values each), and
+    MLX outputs allocated once: a slice update of a singly referenced MLX array happens in
+    place, so converting never holds more than the result plus one chunk."""
+
+    def __init__(self, blocks: np.ndarray, shape: tuple[int, ...]) -> None:
+        self.lead, self.cols = shape[:-1], shape[-1]
+        self.rows = 1
+        for d in self.lead:
+            self.rows *= d
+        self.blocks_per_row = blocks.shape[0] // self.rows
+        self.blocks = blocks
+        self.step = max(1, _CHUNK_VALUES // self.cols)
+
+    def chunks(self):
+        """``(start_row, stop_row, blocks of those rows)``."""
+        per_row = self.blocks_per_row
+        for start in range(0, self.rows, self.step):
+            stop = min(self.rows, start + self.step)
+            yield start, stop, self.blocks[start * per_row : stop * per_row]
+
+    def allocate(self, width: int, dtype: mx.Dtype) -> mx.array:
+        out = mx.zeros((self.rows, width), dtype=dtype)
+        mx.eval(out)
+        return out
+
+    def shaped(self, a: mx.array) -> mx.array:
+        return a.reshape(*self.lead, a.shape[-1])
 
 
 def _affine(blocks: np.ndarray, fmt, shape: tuple[int, ...]):
-    cols = shape[-1]
-    n_rows = _n_rows(shape)
-    blocks_per_row = blocks.shape[0] // n_rows
-    words = np.empty((n_rows, cols * fmt.bits // 32), dtype=np.uint32)
-    scale_dtype = np.uint8 if fmt.mode == "mxfp4" else np.float32
-    scales = np.empty((n_rows, cols // GROUP), dtype=scale_dtype)
-    biases = None if fmt.mode == "mxfp4" else np.empty((n_rows, cols // GROUP), np.float32)
-    for start, stop, sl in _chunks(blocks.shape[0], blocks_per_row):
-        dec = fmt.decode(blocks[sl])
-        rows = stop - start
-        words[start:stop] = pack_rows(dec.q.reshape(rows, cols), fmt.bits)
-        scales[start:stop] = dec.scales.reshape(rows, -1)
+    rows = _Rows(blocks, shape)
+    groups = rows.cols // GROUP
+    words = rows.allocate(rows.cols * fmt.bits // 32, mx.uint32)
+    scales = rows.allocate(groups, mx.uint8 if fmt.mode == "mxfp4" else mx.float32)
+    biases = None if fmt.mode == "mxfp4" else rows.allocate(groups, mx.float32)
+    for start, stop, part in rows.chunks():
+        dec = fmt.decode(part)
+        n = stop - start
+        words[start:stop] = mx.array(pack_rows(dec.q.reshape(n, rows.cols), fmt.bits))
+        scales[start:stop] = mx.array(dec.scales.reshape(n, groups))
         if biases is not None:
-            biases[start:stop] = dec.biases.reshape(rows, -1)
-    lead = shape[:-1]
-    w = mx.array(words.reshape(*lead, -1))
-    del words
-    s = mx.array(scales.reshape(*lead, -1))
-    b = None if biases is None else mx.array(biases.reshape(*lead, -1))
-    mx.eval(w, s, *(() if b is None else (b,)))
-    return w, s, b
+            biases[start:stop] = mx.array(dec.biases.reshape(n, groups))
+        mx.eval(words, scales, *(() if biases is None else (biases,)))
+    return (
+        rows.shaped(words),
+        rows.shaped(scales),
+        None if biases is None else rows.shaped(biases),
+    )
 
 
-def _n_rows(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape[:-1]:
-        n *= d
-    return n
-
-
-def _float(name: str, blocks: np.ndarray, block: int, cols: int) -> np.ndarray:
-    """Exact float32 values of any block format, [n_values]."""
-    out = np.empty(blocks.shape[0] * block, dtype=np.float32)
+def _values(name: str, part: np.ndarray) -> np.ndarray:
+    """Exact float32 values of blocks of any block format, [n_blocks, block_size]."""
     fmt = AFFINE_FORMATS.get(name)
-    step = max(1, _CHUNK_VALUES // block)
-    for start in range(0, blocks.shape[0], step):
-        part = blocks[start : start + step]
-        if fmt is not None:
-            out[start * block : (start + len(part)) * block] = affine_values(fmt, part).ravel()
-        else:
-            out[start * block : (start + len(part)) * block] = decode_to_float32(name, part).ravel()
-    return out
+    return affine_values(fmt, part) if fmt is not None else decode_to_float32(name, part)
+
+
+def _float(name: str, blocks: np.ndarray, shape: tuple[int, ...]) -> mx.array:
+    rows = _Rows(blocks, shape)
+    out = rows.allocate(rows.cols, mx.float32)
+    for start, stop, part in rows.chunks():
+        out[start:stop] = mx.array(_values(name, part).reshape(stop - start, rows.cols))
+        mx.eval(out)
+    return out.reshape(shape)
+
+
+def _requantized(name: str, blocks: np.ndarray, shape: tuple[int, ...]):
+    rows = _Rows(blocks, shape)
+    groups = rows.cols // GROUP
+    words = rows.allocate(rows.cols * REQUANT_BITS // 32, mx.uint32)
+    scales = rows.allocate(groups, mx.float32)
+    biases = rows.allocate(groups, mx.float32)
+    for start, stop, part in rows.chunks():
+        values = mx.array(_values(name, part).reshape(stop - start, rows.cols))
+        w, s, b = mx.quantize(values, group_size=GROUP, bits=REQUANT_BITS)
+        words[start:stop], scales[start:stop], biases[start:stop] = w, s, b
+        mx.eval(words, scales, biases)
+    return rows.shaped(words), rows.shaped(scales), rows.shaped(biases)
 
 
 _E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)

@@ -119,7 +119,9 @@ def _add_bos_eos(tokenizer: Tokenizer, tokens: list[str], metadata: dict, kind: 
     bos, eos = _token(tokens, metadata, "bos"), _token(tokens, metadata, "eos")
     # llama.cpp adds BOS for SentencePiece vocabularies unless the file says not to.
     add_bos_default = kind == "llama"
-    add_bos = bos is not None and bool(metadata.get("tokenizer.ggml.add_bos_token", add_bos_default))
+    add_bos = bos is not None and bool(
+        metadata.get("tokenizer.ggml.add_bos_token", add_bos_default)
+    )
     add_eos = eos is not None and bool(metadata.get("tokenizer.ggml.add_eos_token", False))
     if not (add_bos or add_eos):
         if kind == "gpt2":
