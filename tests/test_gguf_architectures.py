@@ -184,3 +184,15 @@ class TestRefusals:
         data = qwen3.read_bytes()
         (tmp_path / "cut.gguf").write_bytes(data[: len(data) // 2])
         self._refused(tmp_path / "cut.gguf", "truncated")
+
+
+class TestConvertCommand:
+    def test_prints_what_each_type_became(self, fixtures, tmp_path, capsys):
+        from mlxserve.server.cli import main
+
+        out = tmp_path / "out"
+        assert main(["convert", str(fixtures["qwen3"].path), str(out), "--dequantize"]) == 0
+        printed = capsys.readouterr().out
+        assert "Q6_K: 2 tensors dequantized exactly to float32" in printed, printed
+        assert "Q4_K:" in printed and (out / "config.json").is_file(), printed
+        assert "quantization" not in (out / "config.json").read_text(), "a float dir is written"
