@@ -96,8 +96,7 @@ def load_gguf_model(path: str, *, inexact_as_float: bool | None = None) -> GGUFM
 
         hp = Hparams(arch.gguf_name, gf.metadata, gf.tensors, read_float)
         config = arch.config(hp)
-        module = importlib.import_module(f"mlx_lm.models.{arch.mlx_module}")
-        model = module.Model(module.ModelArgs.from_dict(config))
+        model = _build_model(arch, config)
         report = LoadReport()
         weights, quant, sources = _convert_parameters(
             gf, arch, model, config, inexact_as_float, float_dtype, report
@@ -110,7 +109,10 @@ def load_gguf_model(path: str, *, inexact_as_float: bool | None = None) -> GGUFM
     _check_complete(model, weights, sources)
     if quant:
         nn.quantize(model, class_predicate=lambda p, m: quant.get(p, False))
-    model.load_weights(list(weights.items()), strict=True)
+    try:
+        model.load_weights(list(weights.items()), strict=True)
+    except ValueError as e:  # MLX names the parameter; keep it one line
+        raise UnsupportedModel(f"{arch.gguf_name}: {' '.join(str(e).split())}") from e
     del weights
     if arch.post_load is not None:
         arch.post_load(model, extra, config)
@@ -119,6 +121,19 @@ def load_gguf_model(path: str, *, inexact_as_float: bool | None = None) -> GGUFM
     if quant:
         config["quantization"] = config["quantization_config"] = quantization_config(quant)
     return GGUFModel(model, config, metadata, arch, report)
+
+
+def _build_model(arch: Architecture, config: dict[str, Any]) -> nn.Module:
+    """mlx-lm's model for the table's config (lazy random weights, replaced before use)."""
+    module = importlib.import_module(f"mlx_lm.models.{arch.mlx_module}")
+    try:
+        return module.Model(module.ModelArgs.from_dict(config))
+    except (TypeError, KeyError, AssertionError, ValueError) as e:
+        # Metadata values mlx-lm's model cannot be built with (missing or contradictory).
+        raise UnsupportedModel(
+            f"{arch.gguf_name}: mlx-lm's {arch.mlx_module} cannot be built from the file's "
+            f"metadata ({type(e).__name__}: {' '.join(str(e).split())})"
+        ) from e
 
 
 def _convert_parameters(gf, arch, model, config, inexact_as_float, float_dtype, report):
