@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import logging
 from pathlib import Path
 
 import mlx.core as mx
@@ -22,7 +21,6 @@ from mlxserve.mlx_backend.loading.gguf.architectures.base import UnsupportedMode
 from mlxserve.mlx_backend.loading.gguf.model_loader import GGUFModel, load_gguf_model
 from mlxserve.mlx_backend.loading.gguf.tokenizer import gguf_eos_token_ids, load_gguf_tokenizer
 
-logger = logging.getLogger(__name__)
 _PERIOD_TOLERANCE = 1e-4
 
 

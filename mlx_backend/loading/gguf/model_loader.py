@@ -10,7 +10,6 @@ Layers the file holds quantized are quantized in the model with the file's bit w
 from __future__ import annotations
 
 import importlib
-import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,8 +33,6 @@ from mlxserve.mlx_backend.loading.gguf.tensor_convert import (
     check_supported,
     convert_tensor,
 )
-
-logger = logging.getLogger(__name__)
 
 _GGUF_ARCHES = {name: arch for arch, name in gguf.MODEL_ARCH_NAMES.items()}
 

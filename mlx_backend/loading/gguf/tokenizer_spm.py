@@ -29,14 +29,22 @@ def spm_merges(tokens: list[str], ranks: list[float], types: list[int]) -> list[
     """Every ``(left, right)`` whose concatenation is a normal piece, best piece first."""
     # User-defined pieces are matched whole before BPE runs (added tokens), never merged.
     normal = {t: i for i, t in enumerate(tokens) if types[i] == TOKEN_TYPE_NORMAL}
-    merges: list[tuple[float, int, int, int, tuple[str, str]]] = []
-    for piece, index in normal.items():
+    order = sorted(normal.values(), key=lambda i: (-ranks[i], i))
+    merges: list[tuple[str, str]] = []
+    get = normal.get
+    for index in order:
+        piece = tokens[index]
+        local = []
         for cut in range(1, len(piece)):
-            left, right = piece[:cut], piece[cut:]
-            if left in normal and right in normal:
-                merges.append((-ranks[index], index, normal[left], normal[right], (left, right)))
-    merges.sort()
-    return [m[-1] for m in merges]
+            left = get(piece[:cut])
+            if left is not None:
+                right = get(piece[cut:])
+                if right is not None:
+                    local.append((left, right))
+        if local:
+            local.sort()
+            merges.extend((tokens[a], tokens[b]) for a, b in local)
+    return merges
 
 
 def sentencepiece_bpe(
