@@ -95,6 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     convert.add_argument("gguf_path", metavar="MODEL.gguf", help="the GGUF file to convert")
     convert.add_argument("out_dir", metavar="OUT_DIR", help="directory to write the model to")
+    convert.add_argument(
+        "--dequantize",
+        action="store_true",
+        help="write every weight as float32 (exact) instead of keeping quantized layers "
+        "quantized (formats MLX cannot hold exactly, e.g. Q6_K, are then requantized to 8 bits)",
+    )
     return parser
 
 
@@ -104,13 +110,15 @@ def _fail(message: str) -> int:
     return 1
 
 
-def _convert(gguf_path: str, out_dir: str) -> int:
-    from mlxserve.mlx_backend.loading.gguf_convert import convert_gguf
+def _convert(gguf_path: str, out_dir: str, dequantize: bool) -> int:
+    from mlxserve.mlx_backend.loading.gguf.convert import convert_gguf
 
     try:
-        convert_gguf(gguf_path, out_dir)
+        lines = convert_gguf(gguf_path, out_dir, dequantize=dequantize)
     except Exception as e:  # noqa: BLE001 - a CLI boundary: one line, no traceback
         return _fail(f"cannot convert {gguf_path}: {e}")
+    for line in lines:
+        print(f"  {line}")
     print(f"converted {gguf_path} -> {out_dir}")
     return 0
 
@@ -136,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "convert":
-        return _convert(args.gguf_path, args.out_dir)
+        return _convert(args.gguf_path, args.out_dir, args.dequantize)
     try:
         server_config = _from_args(ServerConfig, args)
         model_config = _from_args(ModelConfig, args)

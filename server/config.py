@@ -111,7 +111,8 @@ class ModelConfig:
             loaded model's id).
         keep_quantized: on the CPU backend, serve quantized weights as they are instead of
             dequantizing them to float32 (which is several times faster with OpenBLAS but
-            takes ~4-8x the weight memory).
+            takes ~4-8x the weight memory); GGUF formats MLX cannot hold exactly (Q6_K,
+            Q3_K, Q2_K, IQ*) are then requantized to 8 bits, which is not exact.
         tool_parser: how tool calls are read from the output: "auto" (the parser mlx-lm
             gives the model's tokenizer, else "hermes"), "hermes" (<tool_call> JSON
             </tool_call>, the default format), or one of mlx-lm's parsers (json_tools,

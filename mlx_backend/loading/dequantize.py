@@ -83,8 +83,7 @@ def dequantize_for_cpu(model: nn.Module, budget_bytes: int | None = None) -> Deq
     )
     growth = dense - quantized + widened
     if budget_bytes is None:
-        available = available_memory_bytes()
-        budget_bytes = available - max(_MIN_MARGIN_BYTES, int(available * _MARGIN_FRACTION))
+        budget_bytes = default_growth_budget_bytes()
     if growth > budget_bytes:
         return DequantStatus(
             False,
@@ -95,15 +94,7 @@ def dequantize_for_cpu(model: nn.Module, budget_bytes: int | None = None) -> Deq
             f"budget {max(budget_bytes, 0) / _MiB:.0f} MiB",
         )
 
-    replacements = []
-    for name, module in targets:
-        dense_module = _to_dense(module)
-        # One layer at a time: the lazy graph and peak memory stay one layer big.
-        mx.eval(dense_module.parameters())
-        replacements.append((name, dense_module))
-    model.update_modules(tree_unflatten(replacements))
-    model.update(tree_map(_as_float32, model.parameters()))
-    mx.eval(model.parameters())
+    dequantize_all_layers(model)
     after = _param_bytes(model)
     return DequantStatus(
         True,
@@ -113,6 +104,34 @@ def dequantize_for_cpu(model: nn.Module, budget_bytes: int | None = None) -> Deq
         f"dequantized {len(targets)} layers to float32: "
         f"{before / _MiB:.0f} MiB -> {after / _MiB:.0f} MiB",
     )
+
+
+def dequantize_all_layers(model: nn.Module) -> int:
+    """Replace every quantized layer by its float32 equivalent, on any backend, and cast the
+    remaining half-precision parameters to float32 (``mlxserve convert --dequantize``).
+
+    Returns:
+        The number of layers replaced.
+    """
+    targets = _quantized_modules(model)
+    replacements = []
+    for name, module in targets:
+        dense_module = _to_dense(module)
+        # One layer at a time: the lazy graph and peak memory stay one layer big.
+        mx.eval(dense_module.parameters())
+        replacements.append((name, dense_module))
+    if replacements:
+        model.update_modules(tree_unflatten(replacements))
+    model.update(tree_map(_as_float32, model.parameters()))
+    mx.eval(model.parameters())
+    return len(targets)
+
+
+def default_growth_budget_bytes() -> int:
+    """How many bytes the parameters may grow by when dequantized: the available system
+    memory minus a margin (the larger of 1 GiB and 20%) left for the KV pool and activations."""
+    available = available_memory_bytes()
+    return available - max(_MIN_MARGIN_BYTES, int(available * _MARGIN_FRACTION))
 
 
 def _quantized_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:

@@ -115,30 +115,46 @@ def cast_float_parameters_to_float32(model: nn.Module) -> int:
     return len(cast)
 
 
-def _load_gguf(path: str, model_id: str) -> LoadedModel:
-    from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
+def _load_gguf(path: str, model_id: str, keep_quantized: bool) -> LoadedModel:
+    from functools import partial
 
-    from mlxserve.mlx_backend.loading.gguf_model import load_gguf_model
-    from mlxserve.mlx_backend.loading.gguf_tokenizer import gguf_eos_token_ids, load_gguf_tokenizer
+    from mlx_lm.tokenizer_utils import (
+        BPEStreamingDetokenizer,
+        SPMStreamingDetokenizer,
+        TokenizerWrapper,
+    )
+
+    from mlxserve.mlx_backend.loading.gguf.model_loader import load_gguf_model
+    from mlxserve.mlx_backend.loading.gguf.tokenizer import (
+        gguf_eos_token_ids,
+        load_gguf_tokenizer,
+        tokenizer_kind,
+    )
 
     try:
-        model, config, metadata = load_gguf_model(path)
-        hf_tokenizer = load_gguf_tokenizer(metadata)
+        loaded = load_gguf_model(path, inexact_as_float=False if keep_quantized else None)
+        hf_tokenizer = load_gguf_tokenizer(loaded.metadata, loaded.architecture.chat_family)
+        kind = tokenizer_kind(loaded.metadata)
     except (ValueError, OSError) as e:
         raise ModelLoadError(f"Cannot load GGUF model {path}: {e}") from e
-    # The GGUF tokenizer is always byte-level BPE, which is what this detokenizer
-    # streams without re-decoding the whole sequence per token.
+    for line in loaded.report.lines():
+        logger.info("GGUF %s: %s", Path(path).name, line)
+    if kind == "llama":
+        trim = bool(loaded.metadata.get("tokenizer.ggml.add_space_prefix", True))
+        detokenizer = partial(SPMStreamingDetokenizer, trim_space=trim)
+    else:
+        detokenizer = BPEStreamingDetokenizer
     tokenizer = TokenizerWrapper(
         hf_tokenizer,
-        detokenizer_class=BPEStreamingDetokenizer,
-        eos_token_ids=gguf_eos_token_ids(metadata),
+        detokenizer_class=detokenizer,
+        eos_token_ids=gguf_eos_token_ids(loaded.metadata),
     )
     return LoadedModel(
-        model=model,
+        model=loaded.model,
         tokenizer=tokenizer,
         model_id=model_id,
-        config=config,
-        context_length=context_length_of(config),
+        config=loaded.config,
+        context_length=context_length_of(loaded.config),
     )
 
 
@@ -216,13 +232,16 @@ def _looks_like_path(spec: str) -> bool:
     return spec.startswith((".", "~", os.sep)) or seps > 1
 
 
-def load_model(spec: str | None) -> LoadedModel:
+def load_model(spec: str | None, keep_quantized: bool = False) -> LoadedModel:
     """Load the model a user asked for.
 
     Args:
         spec: ``None`` for the embedded SmolLM2-135M-Instruct GGUF; a path ending
             in ``.gguf``; an MLX / HF model directory; or a Hugging Face repo id
             (``org/name``), downloaded into the Hub cache.
+        keep_quantized: the weights will be served quantized (``--keep-quantized``): GGUF
+            formats MLX cannot hold exactly are requantized to 8 bits rather than
+            dequantized to float32 (which the CPU backend otherwise does anyway).
 
     Returns:
         The ``LoadedModel``; ``model_id`` is the directory basename, the GGUF file
@@ -233,13 +252,13 @@ def load_model(spec: str | None) -> LoadedModel:
             cannot be downloaded, or the model cannot be loaded.
     """
     if spec is None:
-        return _load_gguf(embedded_gguf_path(), EMBEDDED_MODEL_ID)
+        return _load_gguf(embedded_gguf_path(), EMBEDDED_MODEL_ID, keep_quantized)
 
     path = os.path.expanduser(spec)
     if path.lower().endswith(".gguf"):
         if not os.path.isfile(path):
             raise ModelLoadError(f"GGUF file not found: {spec}")
-        return _load_gguf(path, Path(path).stem)
+        return _load_gguf(path, Path(path).stem, keep_quantized)
     if os.path.isdir(path):
         return _load_dir(path, Path(os.path.abspath(path)).name)
     if os.path.exists(path):

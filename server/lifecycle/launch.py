@@ -92,7 +92,7 @@ def serve(config: ServerConfig, model_config: ModelConfig, engine_config: Engine
         server.should_exit = True
 
     loader = BackgroundLoader(
-        lambda: load_model(model_config.model),
+        lambda: load_model(model_config.model, keep_quantized=model_config.keep_quantized),
         engine_config,
         progress,
         on_ready,
