@@ -76,6 +76,7 @@ class MLXExecutor:
             request.mem_fraction,
             request.context_length,
             prefix_cache=request.prefix_cache,
+            memory_bytes=request.memory_bytes,
         )
 
     def allocate(self, plan: MemoryPlan) -> None:
@@ -111,9 +112,12 @@ class MLXExecutor:
         return MemoryStats(mx.get_active_memory(), mx.get_peak_memory(), mx.get_cache_memory())
 
     def close(self) -> None:
-        """Drop the pools (freed here, on the engine thread) and wait for MLX to finish."""
+        """Drop the pools and the model (freed here, on the engine thread, unless someone
+        else still holds the model) and wait for MLX to finish."""
         self.kv = None
         self.states = None
+        self.logits = None
+        self.model = None
         mx.synchronize()
 
     def forward(self, batch: ForwardBatch) -> ForwardOutput:

@@ -29,6 +29,21 @@ def available_memory_bytes() -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
+def total_memory_bytes() -> int:
+    """The memory models may use in all: Metal's recommended working set, or the
+    system's RAM (``MemTotal``) on the CPU."""
+    if mx.metal.is_available():
+        return int(mx.device_info()["max_recommended_working_set_size"])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
 def plan_memory(
     layout: LayerLayout,
     max_total_tokens: int,
@@ -37,6 +52,7 @@ def plan_memory(
     mem_fraction: float,
     context_length: int,
     prefix_cache: bool = False,
+    memory_bytes: int = 0,
 ) -> MemoryPlan:
     """Slot counts for every space the model's layers need.
 
@@ -44,7 +60,8 @@ def plan_memory(
     slots are one per running request. A prefix cache doubles the window and the state
     slots (the window and state it keeps at a request's insert point stay locked while the
     request runs). The full space gets ``max_total_tokens``, or what is left of
-    ``mem_fraction`` of free memory after those two.
+    ``memory_bytes`` (0: ``mem_fraction`` of free memory) after those two. The plan's
+    ``pool_bytes`` is what all the pools take.
     """
     window = layout.sliding_window
     copies = 2 if prefix_cache else 1
@@ -57,10 +74,22 @@ def plan_memory(
         if not full:
             fixed = sliding * layout.bytes_per_token("sliding")
             fixed += states * layout.bytes_per_state_slot
-            budget = int(available_memory_bytes() * mem_fraction) - fixed
+            total = memory_bytes or int(available_memory_bytes() * mem_fraction)
+            budget = total - fixed
             full = min(budget // per_token, max_running_requests * context_length)
             if full < 1:
                 raise MemoryError(f"no room for a KV pool: {budget} bytes left for it")
     elif window and max_total_tokens:
         sliding = max(max_total_tokens, window + max_prefill_tokens)
-    return MemoryPlan(full_tokens=full, sliding_tokens=sliding, window=window, state_slots=states)
+    pool_bytes = (
+        full * per_token
+        + sliding * layout.bytes_per_token("sliding")
+        + states * layout.bytes_per_state_slot
+    )
+    return MemoryPlan(
+        full_tokens=full,
+        sliding_tokens=sliding,
+        window=window,
+        state_slots=states,
+        pool_bytes=pool_bytes,
+    )

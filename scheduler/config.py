@@ -15,6 +15,9 @@ class EngineConfig:
         max_prefill_tokens: token budget of one prefill forward (several requests pack into
             it; a longer prompt is prefilled in chunks of at most this many tokens).
         mem_fraction: share of free memory the KV pool may take when sizing automatically.
+        kv_memory_bytes: bytes the KV pools may take when sized automatically (0:
+            ``mem_fraction`` of free memory; a memory budget shared by several models sets
+            it per model).
         seed: seed of the engine's sampling RNG.
         disable_prefix_cache: recompute every prompt instead of reusing the K/V (and
             recurrent state) of earlier requests that share a prefix with it.
@@ -24,6 +27,7 @@ class EngineConfig:
     max_running_requests: int = 32
     max_prefill_tokens: int = 2048
     mem_fraction: float = 0.25
+    kv_memory_bytes: int = 0
     seed: int = 0
     disable_prefix_cache: bool = False
 
@@ -34,5 +38,7 @@ class EngineConfig:
             raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
         if self.max_prefill_tokens < 1:
             raise ValueError(f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
+        if self.kv_memory_bytes < 0:
+            raise ValueError(f"kv_memory_bytes must be >= 0, got {self.kv_memory_bytes}")
         if not 0 < self.mem_fraction <= 1:
             raise ValueError(f"mem_fraction must be in (0, 1], got {self.mem_fraction}")

@@ -21,7 +21,7 @@ from mlxserve.scheduler.config import EngineConfig
 from mlxserve.scheduler.constraints import Constraint, ConstraintCompiler, GrammarSpec, TokenMasks
 from mlxserve.scheduler.executor import Executor
 from mlxserve.scheduler.inbox import AbortRequest, AddRequest, InboxMessage, Wake
-from mlxserve.scheduler.memory_plan import PoolRequest
+from mlxserve.scheduler.memory_plan import MemoryPlan, PoolRequest
 from mlxserve.scheduler.outputs import FinishReason, RequestOutput
 from mlxserve.scheduler.request import Request
 from mlxserve.scheduler.sampling_params import SamplingParams
@@ -59,6 +59,7 @@ class Engine:
         self.tokenizer = tokenizer
         self.max_running_requests = config.max_running_requests
         self.scheduler: Scheduler | None = None
+        self.plan: MemoryPlan | None = None
         self.max_context_len = 0
         self.error: BaseException | None = None
         self._inbox: queue.Queue[InboxMessage] = queue.Queue()
@@ -225,8 +226,10 @@ class Engine:
                 mem_fraction=cfg.mem_fraction,
                 context_length=context,
                 prefix_cache=not cfg.disable_prefix_cache,
+                memory_bytes=cfg.kv_memory_bytes,
             )
         )
+        self.plan = plan
         self.max_context_len = min(context, plan.full_tokens) if plan.full_tokens else context
         self.executor.allocate(plan)
         self.scheduler = Scheduler(cfg, plan, self.max_context_len, set(self.eos_token_ids))

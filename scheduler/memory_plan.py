@@ -14,12 +14,14 @@ class MemoryPlan:
         sliding_tokens: token slots of the sliding-window space (0: no sliding layer).
         window: the widest sliding window (None without sliding layers).
         state_slots: recurrent-state slots (0: no recurrent layer).
+        pool_bytes: the memory all the pools take (0: not known).
     """
 
     full_tokens: int
     sliding_tokens: int = 0
     window: int | None = None
     state_slots: int = 0
+    pool_bytes: int = 0
 
     @property
     def recurrent(self) -> bool:
@@ -38,6 +40,8 @@ class PoolRequest:
         mem_fraction: share of free memory the pools may take when sized automatically.
         context_length: the longest sequence a request may reach.
         prefix_cache: the prefix cache is on (it keeps extra windows and state snapshots).
+        memory_bytes: bytes the pools may take when sized automatically (0:
+            ``mem_fraction`` of free memory).
     """
 
     max_total_tokens: int
@@ -46,6 +50,7 @@ class PoolRequest:
     mem_fraction: float
     context_length: int
     prefix_cache: bool
+    memory_bytes: int = 0
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
 from mlxserve.scheduler.client import EngineClient
+from mlxserve.server.api.admin import add_admin_routes
 from mlxserve.server.api.openai.openapi import install_openapi
 from mlxserve.server.api.openai.routes import add_openai_routes
 from mlxserve.server.api.openai.tokenize import add_tokenize_routes
@@ -125,5 +126,6 @@ def create_app(
         }
 
     add_openai_routes(app, state.models, state.admission)
+    add_admin_routes(app, state.models, state.admission)
     add_tokenize_routes(app, state.models)
     return app

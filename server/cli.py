@@ -18,6 +18,12 @@ from typing import Any
 
 from mlxserve.scheduler.config import EngineConfig
 from mlxserve.server.config import ModelConfig, ServerConfig
+from mlxserve.server.models.declarations import (
+    ModelDeclaration,
+    discover_models_dir,
+    parse_model_option,
+    parse_models_config,
+)
 
 # Google-style "name: text" or "name (type): text" lines of an "Attributes:" section.
 _ATTRIBUTE_LINE = re.compile(r"^(\w+)(?: \([^)]*\))?: (.*)$")
@@ -41,8 +47,11 @@ def _attribute_help(cls: type) -> dict[str, str]:
     return helps
 
 
-def _add_dataclass_options(group: argparse._ArgumentGroup, cls: type) -> None:
-    """One ``--field-name`` option per field of the dataclass ``cls``."""
+def _add_dataclass_options(
+    group: argparse._ArgumentGroup, cls: type, repeated: tuple[str, ...] = ()
+) -> None:
+    """One ``--field-name`` option per field of the dataclass ``cls`` (those in
+    ``repeated`` may be given several times: a list)."""
     hints = typing.get_type_hints(cls)
     helps = _attribute_help(cls)
     for field in dataclasses.fields(cls):
@@ -64,6 +73,8 @@ def _add_dataclass_options(group: argparse._ArgumentGroup, cls: type) -> None:
             kwargs["type"] = args[0]  # "X | None": parse as X, default None
         else:
             kwargs["type"] = hint
+        if field.name in repeated:
+            kwargs["action"] = "append"
         if kwargs.get("type") in (int, float):
             kwargs["metavar"] = "N" if kwargs["type"] is int else "X"
         help_text = helps.get(field.name, "").rstrip(".")
@@ -83,7 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve an LLM on MLX with an OpenAI-compatible HTTP API "
         "(/v1/chat/completions, /v1/completions, /v1/models, /health).",
     )
-    _add_dataclass_options(parser.add_argument_group("model options"), ModelConfig)
+    _add_dataclass_options(
+        parser.add_argument_group("model options"), ModelConfig, repeated=("model",)
+    )
     _add_dataclass_options(parser.add_argument_group("server options"), ServerConfig)
     _add_dataclass_options(parser.add_argument_group("engine options"), EngineConfig)
     sub = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
@@ -124,13 +137,16 @@ def _convert(gguf_path: str, out_dir: str, dequantize: bool) -> int:
 
 
 def _serve(
-    server_config: ServerConfig, model_config: ModelConfig, engine_config: EngineConfig
+    server_config: ServerConfig,
+    model_config: ModelConfig,
+    engine_config: EngineConfig,
+    declarations: list[ModelDeclaration] | None,
 ) -> int:
     from mlxserve.mlx_backend.loading.loader import ModelLoadError
     from mlxserve.server.lifecycle.launch import serve
 
     try:
-        serve(server_config, model_config, engine_config)
+        serve(server_config, model_config, engine_config, declarations)
     except (ModelLoadError, RuntimeError) as e:
         # RuntimeError: the engine failed to start (e.g. no memory for its KV pool).
         return _fail(str(e))
@@ -145,10 +161,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "convert":
         return _convert(args.gguf_path, args.out_dir, args.dequantize)
+    specs = args.model or []
+    args.model = specs[0] if len(specs) == 1 else None
     try:
         server_config = _from_args(ServerConfig, args)
         model_config = _from_args(ModelConfig, args)
         engine_config = _from_args(EngineConfig, args)
+        declarations = declared_models(specs, server_config, model_config)
     except ValueError as e:
         parser.error(str(e))
     logging.basicConfig(
@@ -156,7 +175,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     _enable_fast_blas()
-    return _serve(server_config, model_config, engine_config)
+    return _serve(server_config, model_config, engine_config, declarations)
+
+
+def declared_models(
+    specs: list[str], server_config: ServerConfig, model_config: ModelConfig
+) -> list[ModelDeclaration] | None:
+    """The models of repeated ``--model`` options, ``--models-config`` and
+    ``--models-dir``, in that order; None for one plain ``--model`` (or none), which is
+    served as it always was.
+
+    Raises:
+        ValueError: a declaration is invalid, two share a name, or ``--served-model-name``
+            is given with several models (each takes ``name=`` instead).
+    """
+    several = len(specs) > 1 or any("," in s for s in specs)
+    if not several and not server_config.models_config and not server_config.models_dir:
+        return None
+    if model_config.served_model_name:
+        raise ValueError("with several models, name each one: --model SOURCE,name=NAME")
+    declarations = [parse_model_option(s) for s in specs]
+    if server_config.models_config:
+        declarations += parse_models_config(server_config.models_config)
+    if server_config.models_dir:
+        declarations += discover_models_dir(server_config.models_dir)
+    if not declarations:
+        raise ValueError(f"--models-dir {server_config.models_dir}: no model found in it")
+    defaults = {}
+    if model_config.keep_quantized:
+        defaults["keep_quantized"] = True
+    if model_config.tool_parser != "auto":
+        defaults["tool_parser"] = model_config.tool_parser
+    return [
+        dataclasses.replace(d, **{k: v for k, v in defaults.items() if not _set(d, k)})
+        for d in declarations
+    ]
 
 
 def _enable_fast_blas() -> None:
@@ -170,3 +223,8 @@ def _enable_fast_blas() -> None:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _set(declaration: ModelDeclaration, key: str) -> bool:
+    """Whether a declaration set ``key`` away from its default."""
+    return getattr(declaration, key) != getattr(ModelDeclaration(), key)

@@ -15,6 +15,40 @@ LogLevel = Literal["debug", "info", "warning", "error"]
 API_KEY_ENV = "MLXSERVE_API_KEY"
 
 
+_UNITS = {
+    "": 1,
+    "k": 1000,
+    "m": 1000**2,
+    "g": 1000**3,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+}
+
+
+def parse_memory_budget(text: str, total: int) -> int:
+    """``"0.5"`` (of ``total``), ``"8GiB"``, ``"16e9"`` -> bytes.
+
+    Raises:
+        ValueError: not a fraction in (0, 1] nor a positive size.
+    """
+    value = text.strip().lower()
+    number = value.rstrip("kmgib")
+    unit = value[len(number) :]
+    try:
+        amount = float(number)
+    except ValueError:
+        amount = -1.0
+    if unit not in _UNITS or amount <= 0:
+        raise ValueError(f"memory_budget must be a size (8GiB, 16e9) or a fraction, got {text!r}")
+    if not unit and amount <= 1:
+        return int(total * amount)
+    return int(amount * _UNITS[unit])
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     """How the HTTP server is exposed.
@@ -53,6 +87,18 @@ class ServerConfig:
             is aborted, so a stalled reader cannot hold the engine's memory.
         shutdown_timeout: seconds that running requests get to finish after SIGTERM/SIGINT
             before they are aborted.
+        models_config: a TOML file declaring the models to serve (``[[models]]`` tables:
+            source, names, context_length, max_total_tokens, tool_parser, keep_quantized,
+            adapter, pinned, ttl, task).
+        models_dir: a folder whose model directories and .gguf files are all served,
+            each named by its folder or file name.
+        max_loaded_models: most models loaded at once; loading another unloads the least
+            recently used idle one (0: no limit).
+        memory_budget: memory every loaded model's weights and KV pools share, in bytes
+            (suffixes K, M, G, KiB, MiB, GiB) or as a fraction of the machine's memory
+            (0.5); loading a model unloads idle ones until it fits (none: no budget).
+        model_ttl: seconds without a request after which a model is unloaded (0: never;
+            pinned models stay).
     """
 
     host: str = "127.0.0.1"
@@ -73,18 +119,43 @@ class ServerConfig:
     max_prompt_tokens: int = 0
     stream_buffer_tokens: int = 2048
     shutdown_timeout: float = 30.0
+    models_config: str | None = None
+    models_dir: str | None = None
+    max_loaded_models: int = 0
+    memory_budget: str | None = None
+    model_ttl: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
-        for name in ("max_queue", "max_body_bytes", "max_prompt_tokens", "max_connections"):
+        for name in (
+            "max_queue",
+            "max_body_bytes",
+            "max_prompt_tokens",
+            "max_connections",
+            "max_loaded_models",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("request_timeout", "shutdown_timeout", "header_timeout", "body_timeout"):
+        for name in (
+            "request_timeout",
+            "shutdown_timeout",
+            "header_timeout",
+            "body_timeout",
+            "model_ttl",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.memory_budget is not None:
+            parse_memory_budget(self.memory_budget, 1)
         if self.stream_buffer_tokens < 1:
             raise ValueError(f"stream_buffer_tokens must be >= 1, got {self.stream_buffer_tokens}")
+
+    def memory_budget_bytes(self, total: int) -> int:
+        """``memory_budget`` in bytes, a fraction of ``total`` resolved (0: no budget)."""
+        if self.memory_budget is None:
+            return 0
+        return parse_memory_budget(self.memory_budget, total)
 
     def api_keys(self) -> tuple[str, ...]:
         """The accepted API keys: ``api_key``, else ``$MLXSERVE_API_KEY``; empty: no auth."""
@@ -107,6 +178,9 @@ class ModelConfig:
     Attributes:
         model: the model to serve: a .gguf file, an MLX or Hugging Face model directory, or
             a Hugging Face repo id (default: the embedded SmolLM2-135M-Instruct GGUF).
+            Repeat it, or add options (SOURCE,name=ALIAS,pinned=true,ttl=S,
+            context_length=N,max_total_tokens=N,tool_parser=P,keep_quantized=true,
+            adapter=DIR,task=embed), to serve several models, loaded on demand.
         served_model_name: the model id clients send and /v1/models lists (default: the
             loaded model's id).
         keep_quantized: on the CPU backend, serve quantized weights as they are instead of

@@ -12,6 +12,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -36,6 +37,7 @@ from mlxserve.server.lifecycle.loading import (
 )
 from mlxserve.server.lifecycle.shutdown import ABORT_FLUSH_S, GracefulServer
 from mlxserve.server.lifecycle.state import ServerState
+from mlxserve.server.models.declarations import ModelDeclaration
 
 logger = logging.getLogger(__name__)
 
@@ -43,14 +45,25 @@ logger = logging.getLogger(__name__)
 FLUSH_TIMEOUT_S = ABORT_FLUSH_S + 5
 
 
-def serve(config: ServerConfig, model_config: ModelConfig, engine_config: EngineConfig) -> None:
+def serve(
+    config: ServerConfig,
+    model_config: ModelConfig,
+    engine_config: EngineConfig,
+    declarations: list[ModelDeclaration] | None = None,
+) -> None:
     """Bind ``config.host:port``, load ``model_config.model`` behind it, serve until a
-    signal.
+    signal. With ``declarations`` (several models), serve them instead, loaded on demand
+    (``serve_models``).
 
     Raises:
         mlxserve.mlx_backend.loading.loader.ModelLoadError: the model cannot be loaded.
         RuntimeError: the engine failed to start.
     """
+    if declarations:
+        from mlxserve.server.lifecycle.multi_model import serve_models
+
+        serve_models(config, engine_config, declarations)
+        return
     from mlxserve.mlx_backend.loading.loader import (  # heavy: only when serving
         ModelLoadError,
         load_model,
@@ -68,14 +81,7 @@ def serve(config: ServerConfig, model_config: ModelConfig, engine_config: Engine
     progress = LoadProgress()
     app = create_app(None, None, config, progress, model_config)
     state: ServerState = app.state.server
-    uv_config = uvicorn.Config(
-        app,
-        host=config.host,
-        port=config.port,
-        log_level=config.log_level,
-        **uvicorn_options(config),
-    )
-    server = GracefulServer(uv_config, state.shutdown, state.live_generations, state.engine_failure)
+    server = graceful_server(app, config)
 
     def on_ready(loaded: LoadedModel, engine: EngineClient) -> None:
         state.attach(loaded, engine)
@@ -115,6 +121,20 @@ def serve(config: ServerConfig, model_config: ModelConfig, engine_config: Engine
         if isinstance(error, (ModelLoadError, RuntimeError)):
             raise error
         raise RuntimeError(f"loading failed: {error}") from error
+
+
+def graceful_server(app: FastAPI, config: ServerConfig) -> GracefulServer:
+    """uvicorn serving ``app`` at ``config``'s address, draining on SIGTERM/SIGINT and
+    stopping when an engine dies."""
+    state: ServerState = app.state.server
+    uv_config = uvicorn.Config(
+        app,
+        host=config.host,
+        port=config.port,
+        log_level=config.log_level,
+        **uvicorn_options(config),
+    )
+    return GracefulServer(uv_config, state.shutdown, state.live_generations, state.engine_failure)
 
 
 def uvicorn_options(config: ServerConfig) -> dict[str, Any]:
@@ -175,6 +195,8 @@ class BackgroundServer:
         self.app = app
         # The engine this server owns (set by serve_in_background); stop() shuts it down.
         self.engine: Engine | None = None
+        # Called by stop() after uvicorn (serve_models_in_background: unload every model).
+        self.on_stop: Callable[[], None] | None = None
         state: ServerState = app.state.server
         config = uvicorn.Config(app, log_level=log_level, **uvicorn_options(state.config))
         self._server = GracefulServer(config, state.shutdown, state.live_generations)
@@ -218,6 +240,8 @@ class BackgroundServer:
         self._sock.close()
         if self.engine is not None:
             self.engine.shutdown()
+        if self.on_stop is not None:
+            self.on_stop()
 
 
 def serve_in_background(

@@ -30,7 +30,14 @@ from mlxserve.server.lifecycle.engines import build_engine
 logger = logging.getLogger(__name__)
 
 # Where each stage starts on the 0..1 scale (weights dominate the time of a cold start).
-STAGE_STARTS = {"starting": 0.0, "weights": 0.0, "conversion": 0.6, "engine": 0.75, "warmup": 0.9}
+STAGE_STARTS = {
+    "starting": 0.0,
+    "weights": 0.0,
+    "conversion": 0.6,
+    "engine": 0.75,
+    "warmup": 0.9,
+    "ready": 1.0,
+}
 WARMUP_TIMEOUT_S = 600.0
 
 
@@ -189,30 +196,73 @@ class BackgroundLoader:
         return not self._thread.is_alive()
 
     def _run(self) -> None:
-        progress = self._progress
-        started = time.monotonic()
         try:
-            progress.begin("weights")
-            loaded = self._load()
-            note = None
-            if self._convert is not None:
-                progress.begin("conversion")
-                note = self._convert(loaded)
-            progress.begin("engine")
-            self.engine = build_engine(loaded, self._engine_config)
-            self.engine.start()
-            if self._warmup:
-                progress.begin("warmup")
-                warm_up(self.engine, loaded)
-            log_model(loaded, note, time.monotonic() - started)
+            loaded, self.engine = load_stages(
+                self._load,
+                lambda _: self._engine_config,
+                self._progress,
+                self._convert,
+                self._warmup,
+            )
             self._on_ready(loaded, self.engine)
-            progress.finish()
+            self._progress.finish()
         except BaseException as e:  # noqa: BLE001 - reported through progress and on_failed
             self.error = e
-            progress.fail(str(e))
+            self._progress.fail(str(e))
             logger.error("loading failed: %s", e)
             if self._on_failed is not None:
                 self._on_failed(e)
+
+
+def load_stages(
+    load: Callable[[], LoadedModel],
+    engine_config_for: Callable[[int], EngineConfig],
+    progress: LoadProgress,
+    convert: Callable[[LoadedModel], str | None] | None = convert_for_backend,
+    warmup: bool = True,
+) -> tuple[LoadedModel, Engine]:
+    """Load a model and start its engine, stage by stage (weights, conversion, engine,
+    warm-up), reporting each to ``progress``.
+
+    Args:
+        load: returns the loaded model.
+        engine_config_for: the engine's sizes, given the weights' bytes after conversion
+            (a memory budget sizes the pools from what the weights leave).
+        progress: where stages are reported (``finish`` is the caller's).
+        convert: the conversion stage (None: skipped).
+        warmup: run the warm-up request.
+
+    Raises:
+        Exception: a stage failed (an engine already started is shut down).
+    """
+    started = time.monotonic()
+    progress.begin("weights")
+    loaded = load()
+    note = None
+    if convert is not None:
+        progress.begin("conversion")
+        note = convert(loaded)
+    progress.begin("engine")
+    engine = build_engine(loaded, engine_config_for(weight_bytes(loaded.model)))
+    engine.start()
+    try:
+        if warmup:
+            progress.begin("warmup")
+            warm_up(engine, loaded)
+    except BaseException:
+        engine.shutdown()
+        raise
+    log_model(loaded, note, time.monotonic() - started)
+    return loaded, engine
+
+
+def weight_bytes(model: Any) -> int:
+    """Bytes of a model's parameters (0 for a model without them, e.g. a test double)."""
+    if model is None:
+        return 0
+    from mlx.utils import tree_flatten
+
+    return sum(v.nbytes for _, v in tree_flatten(model.parameters()))
 
 
 # ----------------------------------------------------------------- start-up log

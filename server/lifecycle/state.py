@@ -12,13 +12,16 @@ import logging
 from typing import Any
 
 from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
+from mlxserve.mlx_backend.memory import total_memory_bytes
 from mlxserve.scheduler.client import EngineClient
 from mlxserve.server.config import ModelConfig, ServerConfig
 from mlxserve.server.http.errors import APIError
 from mlxserve.server.lifecycle.loading import LoadProgress
 from mlxserve.server.lifecycle.metrics import Metrics
+from mlxserve.server.lifecycle.model_loader import EngineModelLoader, default_name
 from mlxserve.server.lifecycle.shutdown import ShutdownState
-from mlxserve.server.models.registry import ModelRegistry
+from mlxserve.server.models.declarations import ModelDeclaration
+from mlxserve.server.models.registry import ModelEntry, ModelRegistry, ModelStatus
 from mlxserve.server.models.served_model import ModelInfo, ServedModel
 from mlxserve.server.serving.admission import Admission
 from mlxserve.server.serving.generation import Generation
@@ -53,11 +56,37 @@ class ServerState:
         self.metrics_ready = False
         self.models = ModelRegistry()
         self.admission = Admission(config)
+        # Set when models are declared (several models): per-model load progress.
+        self.loader: EngineModelLoader | None = None
+
+    def serve_declared(
+        self, declarations: list[ModelDeclaration], loader: EngineModelLoader
+    ) -> list[ModelEntry]:
+        """Serve several declared models, loaded on demand by ``loader`` (the registry's
+        limits come from the server config)."""
+        config = self.config
+        self.loader = loader
+        self.models.configure(
+            loader,
+            max_loaded=config.max_loaded_models,
+            memory_budget=config.memory_budget_bytes(total_memory_bytes()),
+            default_ttl=config.model_ttl,
+        )
+        entries = []
+        for declaration in declarations:
+            names = declaration.names or (default_name(declaration),)
+            entries.append(self.models.declare(declaration, names))
+        return entries
+
+    def model_loaded(self) -> None:
+        """The start-up loads are done: serve."""
+        self.metrics_ready = True
+        self.progress.finish()
 
     @property
     def model(self) -> ServedModel | None:
-        """The served model (None while it loads)."""
-        return self.models.default() if len(self.models) else None
+        """The first loaded model (None while none is)."""
+        return self.models.all()[0] if len(self.models) else None
 
     def attach(self, loaded: LoadedModel, engine: EngineClient) -> None:
         """The model is loaded and its engine started: start serving (any thread)."""
@@ -77,30 +106,45 @@ class ServerState:
         return self.admission.live_generations()
 
     def engine_failure(self) -> str | None:
-        """Why the engine thread is dead, once it was serving (None while it is fine,
-        still loading, or stopped by a shutdown)."""
-        model = self.model
-        if model is None or self.shutdown.draining or model.engine.is_alive:
+        """Why a loaded model's engine thread is dead (None while they are fine, still
+        loading, or stopped by a shutdown)."""
+        if self.shutdown.draining:
             return None
-        return str(model.engine.error or "engine thread stopped")
+        for model in self.models.all():
+            if not model.engine.is_alive:
+                return str(model.engine.error or "engine thread stopped")
+        return None
 
     def health(self) -> tuple[int, dict[str, Any]]:
         """``/health``'s status code and body."""
         if self.shutdown.draining:
             return 503, {"status": "draining"}
-        model = self.model
-        if model is None:
+        if not self.progress.ready or self.model is None:
             return 503, self.progress.snapshot()
-        engine = model.engine
-        if engine.is_alive:
-            return 200, {"status": "ok"}
-        error = engine.error
-        detail = f"engine is not running: {error}" if error else "engine is not running"
-        return 503, {"status": "unavailable", "detail": detail}
+        if not self.shutdown.draining:
+            for model in self.models.all():
+                if not model.engine.is_alive:
+                    error = model.engine.error
+                    detail = f"engine is not running: {error}" if error else "engine is not running"
+                    return 503, {"status": "unavailable", "detail": detail}
+        body: dict[str, Any] = {"status": "ok"}
+        if self.loader is not None:
+            body["models"] = {e.name: self._health_of(e) for e in self.models.entries()}
+        return 200, body
+
+    def _health_of(self, entry: ModelEntry) -> dict[str, Any]:
+        status: dict[str, Any] = {"status": entry.status.value}
+        progress = self.loader.progress.get(entry.name) if self.loader is not None else None
+        if entry.status is ModelStatus.LOADING and progress is not None:
+            snap = progress.snapshot()
+            status.update(stage=snap["stage"], progress=snap["progress"])
+        if entry.error and entry.status is ModelStatus.UNLOADED:
+            status["error"] = entry.error
+        return status
 
     def refusal(self, method: str) -> APIError | None:
         """Why an API request cannot be served now, or None."""
-        if self.model is None:
+        if not self.progress.ready:
             snap = self.progress.snapshot()
             if snap["status"] == "failed":
                 return APIError(

@@ -13,7 +13,7 @@ from mlxserve.scheduler.constraints import Constraint
 from mlxserve.server.config import ServerConfig
 from mlxserve.server.http.errors import APIError
 from mlxserve.server.serving.choices import Choices
-from mlxserve.server.serving.generation import Generation
+from mlxserve.server.serving.generation import Generation, GenerationError
 from mlxserve.server.serving.limits import check_prompt_tokens, check_queue
 from mlxserve.server.serving.prompts import resolve_max_tokens
 from mlxserve.server.serving.sampling import engine_params
@@ -49,6 +49,14 @@ class Admission:
         """The requests not finished yet."""
         self._live = {gen for gen in self._live if not gen.finished}
         return list(self._live)
+
+    def fail_all(self, engine: EngineClient, message: str) -> int:
+        """End every request in flight on ``engine`` with an error (a forced unload);
+        returns how many."""
+        failed = [gen for gen in self.live_generations() if gen.engine is engine]
+        for gen in failed:
+            gen.fail(GenerationError(message, status_code=503, code="model_unloaded"))
+        return len(failed)
 
     def submit(self, target: Target, spec: GenerationSpec) -> Choices:
         """Check the limits, then start the request's ``n`` choices in the engine.

@@ -50,12 +50,13 @@ class HealthStatus(BaseModel):
 _ERROR_MEANINGS = {
     400: "Invalid request (body, parameter, or prompt/context length).",
     401: "Missing or wrong API key (only when the server has keys).",
-    404: "Unknown model.",
+    404: "Unknown model (a request's model only ever names a declared one).",
     408: "The request ran past --request-timeout.",
     413: "The request body is larger than --max-body-bytes.",
     429: "The queue is full (--max-queue); see Retry-After.",
     500: "The engine failed while serving the request.",
-    503: "The model is loading, the server is shutting down, or the engine stopped.",
+    503: "The model is loading or cannot be loaded now, the server is shutting down, or the "
+    "engine stopped.",
 }
 _GENERATION = (400, 401, 404, 408, 413, 429, 500, 503)
 _TOKENIZE = (400, 401, 404, 413, 503)
@@ -67,6 +68,8 @@ _ERRORS = {
     ("post", "/tokenize"): _TOKENIZE,
     ("post", "/detokenize"): _TOKENIZE,
     ("get", "/v1/models/{model}"): (401, 404, 503),
+    ("post", "/v1/models/{model}/load"): (400, 401, 404, 503),
+    ("post", "/v1/models/{model}/unload"): (400, 401, 404, 503),
     ("get", "/health"): (401,),
     ("get", "/version"): (401,),
 }

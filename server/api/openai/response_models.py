@@ -147,12 +147,17 @@ class Completion(BaseModel):
     usage: Usage | None = None
 
 
-class ModelCard(BaseModel):
+class ModelCard(_DropNone):
+    """One model of ``/v1/models``: OpenAI's fields, vLLM's ``max_model_len`` (once it is
+    loaded) and its ``status`` (loaded, loading, unloaded)."""
+
+    _optional = ("max_model_len",)
     id: str
     object: Literal["model"] = "model"
     created: int = Field(default_factory=now)
     owned_by: str = "mlxserve"
-    max_model_len: int
+    max_model_len: int | None = None
+    status: Literal["loaded", "loading", "unloaded"] = "loaded"
 
 
 class ModelList(BaseModel):

@@ -109,13 +109,13 @@ def add_tokenize_routes(app: FastAPI, models: ModelRegistry) -> None:
     """Register ``/tokenize`` and ``/detokenize`` on ``app`` (``model`` names one of
     ``models``; without it, the default model)."""
 
-    def model_of(name: str | None) -> ServedModel:
-        return models.default() if name is None else models.get(name)
+    def name_of(requested: str | None) -> str:
+        return models.default().name if requested is None else requested
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> TokenizeResponse:
-        c = model_of(body.model)
-        ids = await offload(_tokenize, c, body)
+        async with models.use(name_of(body.model)) as c:
+            ids = await offload(_tokenize, c, body)
         strs = None
         if body.return_token_strs:
             strs = [str(s) for s in c.tokenizer.convert_ids_to_tokens(ids)]
@@ -125,7 +125,8 @@ def add_tokenize_routes(app: FastAPI, models: ModelRegistry) -> None:
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
-        c = model_of(body.model)
+        c = await models.acquire(name_of(body.model))
+        models.release(c)  # only its tokenizer is used, right now
         bad = [t for t in body.tokens if not 0 <= t < c.vocab_size]
         if bad:
             raise invalid_request(
