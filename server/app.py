@@ -1,10 +1,10 @@
 """The FastAPI app: the protocol adapters' routes over the served models, plus /health,
 /metrics and /version.
 
-Routes come from the adapters (``server/api/openai/``); around them, outermost first: CORS,
-API keys, the body size limit, and the gate that answers 503 while the model loads or the
-server shuts down. Errors are answered in the shape of the route's protocol
-(``server/http/errors.py``).
+Routes come from the adapters (``server/api/openai/``, ``server/api/anthropic/``); around
+them, outermost first: CORS, API keys, the body size limit, and the gate that answers 503
+while the model loads or the server shuts down. Errors are answered in the shape of the
+route's protocol (``server/http/errors.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from starlette.middleware.cors import CORSMiddleware
 
 from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
 from mlxserve.scheduler.client import EngineClient
+from mlxserve.server.api.anthropic.errors import MESSAGES_PREFIX, anthropic_error_shape
+from mlxserve.server.api.anthropic.routes import add_anthropic_routes
 from mlxserve.server.api.openai.openapi import install_openapi
 from mlxserve.server.api.openai.routes import add_openai_routes
 from mlxserve.server.api.openai.tokenize import add_tokenize_routes
@@ -55,13 +57,15 @@ def create_app(
     With ``loaded`` and ``engine`` None the app starts in the loading phase (``/health``
     503 with ``progress``); ``app.state.server.attach(loaded, engine)`` makes it ready.
 
-    Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
-    ``GET /v1/models/{model}``, ``POST /tokenize``, ``POST /detokenize``, ``GET /health``,
-    ``GET /metrics``, ``GET /version``.
+    Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/messages``,
+    ``POST /v1/messages/count_tokens``, ``GET /v1/models``, ``GET /v1/models/{model}``,
+    ``POST /tokenize``, ``POST /detokenize``, ``GET /health``, ``GET /metrics``,
+    ``GET /version``.
     """
     app = FastAPI(title="mlxserve", version=VERSION)
     app.router.route_class = StrictJSONRoute  # before any route is added
     shapes = ErrorShapes()
+    shapes.register(MESSAGES_PREFIX, anthropic_error_shape)
     install_error_handlers(app, shapes)
     install_openapi(app)
     state = ServerState(config, progress, model_config)
@@ -76,15 +80,27 @@ def create_app(
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes, shapes=shapes)
     keys = config.api_keys()
     if keys:
-        app.add_middleware(APIKeyAuth, keys=keys, protect_ops=config.protect_metrics, shapes=shapes)
+        app.add_middleware(
+            APIKeyAuth,
+            keys=keys,
+            protect_ops=config.protect_metrics,
+            shapes=shapes,
+            x_api_key_prefixes=(MESSAGES_PREFIX,),
+        )
     origins = config.origins()
     if origins:
         # Outermost, so that preflights (which carry no key) and 401s get CORS headers.
         app.add_middleware(
             CORSMiddleware,
             allow_origins=origins,
-            allow_methods=["GET", "POST", "OPTIONS"],
-            allow_headers=["Authorization", "Content-Type"],
+            allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
+            allow_headers=[
+                "Authorization",
+                "Content-Type",
+                "x-api-key",
+                "anthropic-version",
+                "anthropic-beta",
+            ],
         )
 
     @app.get("/health", response_model=None)
@@ -112,5 +128,6 @@ def create_app(
         }
 
     add_openai_routes(app, state.models, state.admission)
+    add_anthropic_routes(app, state.models, state.admission)
     add_tokenize_routes(app, state.models)
     return app

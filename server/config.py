@@ -40,6 +40,9 @@ class ServerConfig:
             is aborted, so a stalled reader cannot hold the engine's memory.
         shutdown_timeout: seconds that running requests get to finish after SIGTERM/SIGINT
             before they are aborted.
+        responses_store_size: responses of /v1/responses kept in memory for
+            previous_response_id and GET /v1/responses/{id}, least recently used dropped
+            first (0: none kept).
     """
 
     host: str = "127.0.0.1"
@@ -55,11 +58,12 @@ class ServerConfig:
     max_prompt_tokens: int = 0
     stream_buffer_tokens: int = 2048
     shutdown_timeout: float = 30.0
+    responses_store_size: int = 1000
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
-        for name in ("max_queue", "max_body_bytes", "max_prompt_tokens"):
+        for name in ("max_queue", "max_body_bytes", "max_prompt_tokens", "responses_store_size"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("request_timeout", "shutdown_timeout"):

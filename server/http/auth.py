@@ -1,8 +1,9 @@
 """API keys: ``Authorization: Bearer KEY`` on the API routes, checked in constant time.
 
 Protected: every ``/v1`` route, ``/tokenize`` and ``/detokenize``; with ``protect_ops`` also
-``/health``, ``/metrics`` and ``/version``. Keys are never logged; a refusal says only that
-the key is missing or wrong.
+``/health``, ``/metrics`` and ``/version``. Routes of protocols whose clients send the key
+as ``x-api-key: KEY`` (Anthropic's) take that header too. Keys are never logged; a refusal
+says only that the key is missing or wrong.
 """
 
 from __future__ import annotations
@@ -37,7 +38,11 @@ def key_is_valid(authorization: str | None, keys: Sequence[bytes]) -> bool:
     scheme, _, token = authorization.partition(" ")
     if scheme.lower() != "bearer":
         return False
-    candidate = token.strip().encode()
+    return _one_of(token.strip(), keys)
+
+
+def _one_of(token: str, keys: Sequence[bytes]) -> bool:
+    candidate = token.encode()
     matched = False
     for key in keys:
         matched |= hmac.compare_digest(candidate, key)
@@ -53,10 +58,16 @@ class APIKeyAuth:
         keys: the accepted keys (non-empty).
         protect_ops: also protect ``/health``, ``/metrics`` and ``/version``.
         shapes: the app's error shapes.
+        x_api_key_prefixes: route prefixes that also take the key as ``x-api-key``.
     """
 
     def __init__(
-        self, app: ASGIApp, keys: Sequence[str], protect_ops: bool, shapes: ErrorShapes
+        self,
+        app: ASGIApp,
+        keys: Sequence[str],
+        protect_ops: bool,
+        shapes: ErrorShapes,
+        x_api_key_prefixes: Sequence[str] = (),
     ) -> None:
         if not keys:
             raise ValueError("APIKeyAuth needs at least one key")
@@ -64,16 +75,29 @@ class APIKeyAuth:
         self._keys = [k.encode() for k in keys]
         self._protect_ops = protect_ops
         self._shapes = shapes
+        self._x_api_key_prefixes = tuple(x_api_key_prefixes)
+
+    def _takes_x_api_key(self, path: str) -> bool:
+        return any(path == p or path.startswith(p + "/") for p in self._x_api_key_prefixes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and needs_key(scope["path"], self._protect_ops):
-            header = dict(scope["headers"]).get(b"authorization")
+            headers = dict(scope["headers"])
+            header = headers.get(b"authorization")
             value = header.decode("latin-1") if header is not None else None
-            if not key_is_valid(value, self._keys):
+            valid = key_is_valid(value, self._keys)
+            how = "'Authorization: Bearer YOUR_KEY'"
+            if self._takes_x_api_key(scope["path"]):
+                how = "'x-api-key: YOUR_KEY' or " + how
+                x_key = headers.get(b"x-api-key")
+                if x_key is not None:
+                    valid = _one_of(x_key.decode("latin-1").strip(), self._keys) or valid
+                    value = value or "x-api-key"
+            if not valid:
                 message = (
                     "Incorrect API key provided."
                     if value
-                    else "Missing API key: send it as 'Authorization: Bearer YOUR_KEY'."
+                    else f"Missing API key: send it as {how}."
                 )
                 error = APIError(
                     401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"}

@@ -73,7 +73,7 @@ class Admission:
         if not engine.is_alive:
             raise APIError(503, "The engine is not running.", type="server_error")
         check_queue(engine.stats().num_waiting, config.max_queue)
-        response_id = f"{spec.kind}-{uuid.uuid4().hex}"
+        response_id = spec.response_id or f"{spec.kind}-{uuid.uuid4().hex}"
         generations = [
             Generation(
                 engine,

@@ -62,6 +62,8 @@ class GenerationSpec:
         stop: stop strings, matched on the text.
         sampling: how tokens are chosen.
         constraint: the compiled grammar the output follows (None: unconstrained).
+        response_id: the id the response gets (None: ``{kind}-{random hex}``); for
+            protocols whose ids look otherwise (``msg_...``, ``resp_...``).
     """
 
     kind: str
@@ -72,3 +74,4 @@ class GenerationSpec:
     stop: list[str] = field(default_factory=list)
     sampling: SamplingSpec = field(default_factory=SamplingSpec)
     constraint: Constraint | None = None
+    response_id: str | None = None
