@@ -21,6 +21,8 @@ from mlxserve.scheduler.client import EngineClient
 from mlxserve.server.api.anthropic.errors import MESSAGES_PREFIX, anthropic_error_shape
 from mlxserve.server.api.anthropic.routes import add_anthropic_routes
 from mlxserve.server.api.openai.openapi import install_openapi
+from mlxserve.server.api.openai.responses.routes import add_responses_routes
+from mlxserve.server.api.openai.responses.store import ResponseStore
 from mlxserve.server.api.openai.routes import add_openai_routes
 from mlxserve.server.api.openai.tokenize import add_tokenize_routes
 from mlxserve.server.config import ModelConfig, ServerConfig
@@ -57,8 +59,10 @@ def create_app(
     With ``loaded`` and ``engine`` None the app starts in the loading phase (``/health``
     503 with ``progress``); ``app.state.server.attach(loaded, engine)`` makes it ready.
 
-    Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/messages``,
-    ``POST /v1/messages/count_tokens``, ``GET /v1/models``, ``GET /v1/models/{model}``,
+    Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/responses``,
+    ``GET`` / ``DELETE /v1/responses/{id}``, ``GET /v1/responses/{id}/input_items``,
+    ``POST /v1/messages``, ``POST /v1/messages/count_tokens``, ``GET /v1/models``,
+    ``GET /v1/models/{model}``,
     ``POST /tokenize``, ``POST /detokenize``, ``GET /health``, ``GET /metrics``,
     ``GET /version``.
     """
@@ -128,6 +132,8 @@ def create_app(
         }
 
     add_openai_routes(app, state.models, state.admission)
+    app.state.responses = ResponseStore(config.responses_store_size)
+    add_responses_routes(app, state.models, state.admission, app.state.responses)
     add_anthropic_routes(app, state.models, state.admission)
     add_tokenize_routes(app, state.models)
     return app
