@@ -19,8 +19,10 @@ from starlette.middleware.cors import CORSMiddleware
 from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
 from mlxserve.scheduler.client import EngineClient
 from mlxserve.server.api.anthropic.errors import MESSAGES_PREFIX, anthropic_error_shape
+from mlxserve.server.api.anthropic.openapi import document_anthropic
 from mlxserve.server.api.anthropic.routes import add_anthropic_routes
 from mlxserve.server.api.openai.openapi import install_openapi
+from mlxserve.server.api.openai.responses.openapi import document_responses
 from mlxserve.server.api.openai.responses.routes import add_responses_routes
 from mlxserve.server.api.openai.responses.store import ResponseStore
 from mlxserve.server.api.openai.routes import add_openai_routes
@@ -71,7 +73,7 @@ def create_app(
     shapes = ErrorShapes()
     shapes.register(MESSAGES_PREFIX, anthropic_error_shape)
     install_error_handlers(app, shapes)
-    install_openapi(app)
+    install_openapi(app, patches=(document_responses, document_anthropic))
     state = ServerState(config, progress, model_config)
     app.state.server = state
     if (loaded is None) != (engine is None):

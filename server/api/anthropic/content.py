@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class _Model(BaseModel):
@@ -43,18 +43,25 @@ class ToolUseBlock(_Model):
     toolset_name: str | None = None
 
 
+def text_blocks(value: Any) -> Any:
+    """A string given where text blocks go, as one text block (so that errors in blocks
+    are located at the block, not at a union branch)."""
+    return [{"type": "text", "text": value}] if isinstance(value, str) else value
+
+
 class ToolResultBlock(_Model):
     type: Literal["tool_result"]
     tool_use_id: str
-    content: str | list[TextBlock] | None = None
+    content: list[TextBlock] = []
     is_error: bool = False
     cache_control: CacheControl | None = None
     toolset_name: str | None = None
 
+    _content = field_validator("content", mode="before")(text_blocks)
+
     def text(self) -> str:
         """The result as text (text blocks joined with newlines), marked when an error."""
-        content = self.content or ""
-        text = content if isinstance(content, str) else "\n".join(b.text for b in content)
+        text = "\n".join(block.text for block in self.content)
         return f"Error: {text}" if self.is_error else text
 
 
@@ -87,10 +94,12 @@ _UNSERVED = {
 
 
 def check_block_types(value: Any) -> Any:
-    """A ``content`` list's block types, checked before pydantic parses the blocks, so that
-    an unsupported block gets a sentence naming it (not a list of the expected tags)."""
+    """A message's ``content`` as blocks (a string is one text block), their types checked
+    before pydantic parses them, so that an unsupported block gets a sentence naming it
+    (not a list of the expected tags)."""
+    value = text_blocks(value)
     if not isinstance(value, list):
-        return value
+        raise ValueError("'content' must be a string or a list of content blocks.")
     for i, block in enumerate(value):
         kind = block.get("type") if isinstance(block, dict) else None
         if not isinstance(kind, str):

@@ -35,8 +35,6 @@ from mlxserve.server.serving.tool_plan import NamedTool, ToolChoice, ToolPlan, T
 
 
 def _assistant(message: MessageParam, index: int) -> dict[str, Any]:
-    if isinstance(message.content, str):
-        return {"role": "assistant", "content": message.content}
     texts, reasoning, calls = [], [], []
     for j, block in enumerate(message.content):
         if isinstance(block, TextBlock):
@@ -61,8 +59,6 @@ def _assistant(message: MessageParam, index: int) -> dict[str, Any]:
 
 def _user_or_system(message: MessageParam, index: int) -> list[dict[str, Any]]:
     role = message.role
-    if isinstance(message.content, str):
-        return [{"role": role, "content": message.content}]
     out: list[dict[str, Any]] = []
     texts: list[str] = []
 

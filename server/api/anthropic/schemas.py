@@ -18,6 +18,7 @@ from mlxserve.server.api.anthropic.content import (
     ContentBlock,
     TextBlock,
     check_block_types,
+    text_blocks,
 )
 
 # Anthropic's tool name pattern, with dots allowed too (namespaced tools).
@@ -31,7 +32,7 @@ class _Model(BaseModel):
 
 class MessageParam(_Model):
     role: Literal["user", "assistant", "system"]
-    content: str | list[ContentBlock]
+    content: list[ContentBlock]
 
     _blocks = field_validator("content", mode="before")(check_block_types)
 
@@ -135,7 +136,7 @@ class CountTokensRequest(_Model):
 
     model: str
     messages: list[MessageParam] = Field(min_length=1)
-    system: str | list[TextBlock] | None = None
+    system: list[TextBlock] | None = None
     tools: list[CustomTool] | None = None
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
@@ -145,11 +146,12 @@ class CountTokensRequest(_Model):
     speed: Literal["standard", "fast"] | None = None
 
     _tools = field_validator("tools", mode="before")(_client_tools_only)
+    _system = field_validator("system", mode="before")(text_blocks)
 
     def system_text(self) -> str | None:
         """The system prompt (text blocks joined with newlines)."""
-        if self.system is None or isinstance(self.system, str):
-            return self.system
+        if self.system is None:
+            return None
         return "\n".join(block.text for block in self.system)
 
     def thinking_enabled(self) -> bool | None:
@@ -172,7 +174,7 @@ class MessagesRequest(CountTokensRequest):
     top_k: int | None = Field(default=None, ge=0)
     metadata: Metadata | None = None
     # Accepted, meaning nothing locally.
-    container: Any = None
+    container: str | dict[str, Any] | None = None
     diagnostics: dict[str, Any] | None = None
     inference_geo: str | None = None
     service_tier: Literal["auto", "standard_only"] | None = None

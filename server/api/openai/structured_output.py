@@ -84,7 +84,9 @@ def output_constraints(body: Any) -> list[tuple[GrammarSpec, str]]:
     found: list[tuple[GrammarSpec, str]] = []
     fmt: ResponseFormat | None = body.response_format
     if fmt is not None and fmt.schema_ is not None:
-        found.append((GrammarSpec("json_schema", json.dumps(fmt.schema_)), "response_format.schema"))
+        found.append(
+            (GrammarSpec("json_schema", json.dumps(fmt.schema_)), "response_format.schema")
+        )
     elif fmt is not None and fmt.type == "json_object":
         found.append((GrammarSpec("json_object"), "response_format"))
     elif fmt is not None and fmt.json_schema is not None:

@@ -124,6 +124,10 @@ def _off(value: Any, off: tuple[Any, ...], name: str) -> Any:
     raise ValueError(f"The '{name}' parameter is not supported by this server.")
 
 
+# The type of a field declared only to be refused by name.
+_Unsupported = dict[str, Any] | list[Any] | str | None
+
+
 class ResponsesRequest(_Model):
     """Body of ``POST /v1/responses``."""
 
@@ -134,7 +138,7 @@ class ResponsesRequest(_Model):
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
     tools: list[FunctionTool] | None = None
-    tool_choice: Any = None
+    tool_choice: Literal["none", "auto", "required"] | FunctionChoice | None = None
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
     reasoning: ReasoningConfig | None = None
@@ -156,13 +160,13 @@ class ResponsesRequest(_Model):
     background: bool | None = None
     top_logprobs: int | None = None
     max_tool_calls: int | None = None
-    conversation: Any = None
-    prompt: Any = None
-    context_management: Any = None
-    moderation: Any = None
-    image: Any = None
-    access_programs: Any = None
-    background_options: Any = None
+    conversation: _Unsupported = None
+    prompt: _Unsupported = None
+    context_management: _Unsupported = None
+    moderation: _Unsupported = None
+    image: _Unsupported = None
+    access_programs: _Unsupported = None
+    background_options: _Unsupported = None
 
     _tools = field_validator("tools", mode="before")(_function_tools_only)
     _choice = field_validator("tool_choice", mode="before")(_check_tool_choice)
