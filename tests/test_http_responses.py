@@ -144,9 +144,10 @@ class TestTextFormat:
     def test_json_schema_always_valid(self, client, model: str) -> None:
         fmt = {"format": {"type": "json_schema", "name": "person", "schema": self.SCHEMA}}
         for _ in range(3):
-            r = create(client, model, input="A person?", text=fmt, temperature=1.0, max_output_tokens=60)
-            r = r if r.status == "completed" else None
-            assert r is not None, "the schema's objects fit the budget"
+            r = create(
+                client, model, input="A person?", text=fmt, temperature=1.0, max_output_tokens=60
+            )
+            assert r.status == "completed", ("the schema's objects fit the budget", r)
             jsonschema.validate(json.loads(r.output_text), self.SCHEMA)
             assert r.text.format.type == "json_schema", r.text
 

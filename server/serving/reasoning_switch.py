@@ -7,6 +7,10 @@ Open models take that as a chat template variable, if at all:
 - ``enable_thinking`` (Qwen3, SmolLM3, GLM, ...): true or false;
 - ``reasoning_effort`` (gpt-oss): "low", "medium" or "high".
 
+mlx-lm's custom renderers (``TokenizerWrapper``'s own ``chat_template`` callables) take
+``enable_thinking`` too (mlx-lm renames it for the ones that call it ``thinking``). With no
+wish, mlx-lm's own default applies (``enable_thinking`` is the model's ``has_thinking``).
+
 ``reasoning_template_kwargs`` gives the variables the model's template reads (none for a
 template without a switch: the request's wish then changes nothing, as for a model that
 does not reason).
@@ -51,7 +55,8 @@ def reasoning_template_kwargs(
     if enabled is None and effort == "none":
         enabled = False
     kwargs: dict[str, Any] = {}
-    if enabled is not None and "enable_thinking" in source:
+    custom_renderer = getattr(tokenizer, "_chat_template", None) is not None
+    if enabled is not None and ("enable_thinking" in source or custom_renderer):
         kwargs["enable_thinking"] = enabled
     if effort is not None and "reasoning_effort" in source:
         kwargs["reasoning_effort"] = _EFFORT_LEVELS.get(effort, "medium")
