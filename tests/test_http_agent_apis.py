@@ -155,7 +155,7 @@ def weather_agent(agents: Any, server: BackgroundServer, model: str, calls: list
 
     client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="dummy", max_retries=0)
     settings = agents.ModelSettings(
-        tool_choice="required", temperature=0, max_tokens=48, parallel_tool_calls=False
+        tool_choice="required", temperature=0, max_tokens=40, parallel_tool_calls=False
     )
     return agents.Agent(
         name="weather",

@@ -49,7 +49,7 @@ def _assistant(message: MessageParam, index: int) -> dict[str, Any]:
                 f"messages[{index}].content[{j}]: '{block.type}' blocks belong to user messages.",
                 f"messages[{index}].content[{j}]",
             )
-    out: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts)}
+    out: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts)}  # [] -> ""
     if calls:
         out["tool_calls"] = calls
     if reasoning:
@@ -111,7 +111,15 @@ def conversation_of(body: CountTokensRequest) -> tuple[list[dict[str, Any]], boo
     system = body.system_text()
     if system:
         turns.append({"role": "system", "content": system})
+    last = len(body.messages) - 1
     for i, message in enumerate(body.messages):
+        if not message.content and not (i == last and message.role == "assistant"):
+            # As Anthropic: only a final assistant message (a prefill) may be empty.
+            raise invalid_request(
+                f"messages[{i}]: content must not be empty (only the final assistant "
+                "message may be).",
+                f"messages[{i}].content",
+            )
         if message.role == "assistant":
             turns.append(_assistant(message, i))
         else:
