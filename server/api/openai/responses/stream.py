@@ -59,7 +59,7 @@ def _part(block: Block, text: str) -> dict[str, Any]:
 class _EventWriter:
     """Numbers the events of one stream and keeps its output items."""
 
-    def __init__(self, shape: ResponseShape) -> None:
+    def __init__(self) -> None:
         self._numbers = itertools.count()
         self.ids = ItemIds()
         self.done: list[dict[str, Any]] = []  # output items completed so far
@@ -135,7 +135,7 @@ async def _events(
     splitter: PieceSplitter,
     on_done: Callable[[dict[str, Any]], None],
 ) -> AsyncIterator[str]:
-    writer = _EventWriter(shape)
+    writer = _EventWriter()
     stream = choices.stream()
     blocks = OutputBlocks()
     try:
