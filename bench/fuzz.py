@@ -2,12 +2,14 @@
 (valid ones, and ones that break the schema) and sends them over loopback HTTP.
 
 Every answer must be: not a 5xx; JSON (or SSE / Prometheus text where documented); for an
-error, exactly OpenAI's ``{"error": {"message", "type", "param", "code"}}``; and conform to
+error, exactly OpenAI's ``{"error": {"message", "type", "param", "code"}}`` (Anthropic's
+``{"type": "error", "error": {"type", "message"}}`` on ``/v1/messages``); and conform to
 the status codes, content types and response schemas that ``/openapi.json`` documents
 (schemathesis's own checks). Afterwards ``/health`` must still be 200.
 
 Generation is kept cheap by bounding the fuzzed schema (the server's stays as is): ``model``
-is the served one, ``max_tokens`` is required and at most ``--max-tokens``, ``n`` at most 2;
+is the served one, ``max_tokens`` (Responses: ``max_output_tokens``) is required and at most
+``--max-tokens``, ``n`` at most 2;
 the server runs with a small context, ``--max-prompt-tokens`` and a request timeout.
 ``tests/test_fuzz_schema.py`` runs a CI-sized pass; this runs a larger one::
 
@@ -35,7 +37,13 @@ MAX_N = 2
 REQUEST_TIMEOUT_S = 60
 ERROR_KEYS = {"message", "type", "param", "code"}
 GENERATION_BODIES = ("ChatCompletionRequest", "CompletionRequest")
-GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions")
+GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/messages")
+# Request bodies -> their token budget field (bounded like max_tokens above).
+AGENT_BODIES = {"MessagesRequest": "max_tokens", "ResponsesRequest": "max_output_tokens"}
+MODEL_BODIES = ("TokenizeRequest", "DetokenizeRequest", "CountTokensRequest")
+ANTHROPIC_PREFIX = "/v1/messages"
+# Streams whose events are named (``event: <type>``) and end without ``[DONE]``.
+NAMED_EVENT_PATHS = ("/v1/messages", "/v1/responses")
 
 
 @dataclass
@@ -72,7 +80,12 @@ def bounded_schema(schema: dict[str, Any], model: str, max_tokens: int) -> dict[
         props["n"] = {"type": "integer", "minimum": 1, "maximum": MAX_N}
         if "best_of" in props:
             props["best_of"] = {"type": "integer", "minimum": 1, "maximum": MAX_N}
-    for name in ("TokenizeRequest", "DetokenizeRequest"):
+    for name, budget in AGENT_BODIES.items():
+        body = components[name]
+        body["properties"]["model"] = {"type": "string", "enum": [model]}
+        body["properties"][budget] = {"type": "integer", "minimum": 1, "maximum": max_tokens}
+        body["required"] = sorted({*body.get("required", []), budget})
+    for name in MODEL_BODIES:
         components[name]["properties"]["model"] = {"type": "string", "enum": [model]}
     return schema
 
@@ -89,6 +102,32 @@ def _check_error_body(body: Any) -> str | None:
         return "error type is not a string"
     if any(error[k] is not None and not isinstance(error[k], str) for k in ("param", "code")):
         return "error param/code is neither a string nor null"
+    return None
+
+
+def _check_anthropic_error_body(body: Any) -> str | None:
+    if not isinstance(body, dict) or set(body) != {"type", "error"} or body["type"] != "error":
+        return f"error body is not {{'type': 'error', 'error': ...}}: {str(body)[:200]}"
+    error = body["error"]
+    if not isinstance(error, dict) or set(error) != {"type", "message"}:
+        return f"error object keys are not ['message', 'type']: {str(error)[:200]}"
+    if not isinstance(error["message"], str) or not error["message"]:
+        return "error message is empty"
+    return None
+
+
+def _check_named_stream(text: str) -> str | None:
+    events = [line[7:] for line in text.splitlines() if line.startswith("event: ")]
+    payloads = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+    if not payloads or len(events) != len(payloads):
+        return f"stream events are not named pairs: {text[-200:]!r}"
+    for name, payload in zip(events, payloads, strict=True):
+        if payload.get("type") != name:
+            return f"event {name!r} carries {str(payload)[:200]}"
+        if name in ("error", "response.failed"):
+            return f"stream carried an error: {str(payload)[:300]}"
+    if events[-1] not in ("message_stop", "response.completed", "response.incomplete"):
+        return f"stream ends with {events[-1]!r}"
     return None
 
 
@@ -112,13 +151,19 @@ def check_response(path: str, response: httpx.Response) -> str | None:
     if path == "/metrics" and status == 200:
         return None if content_type.startswith("text/plain") else f"metrics as {content_type}"
     if content_type.startswith("text/event-stream"):
-        return _check_stream(response.text) if status == 200 else f"{status} as an SSE stream"
+        if status != 200:
+            return f"{status} as an SSE stream"
+        if path in NAMED_EVENT_PATHS:
+            return _check_named_stream(response.text)
+        return _check_stream(response.text)
     if not content_type.startswith("application/json"):
         return f"content-type {content_type!r} for {status}"
     try:
         body = response.json()
     except ValueError:
         return f"body is not JSON: {response.text[:200]!r}"
+    if status >= 400 and path.startswith(ANTHROPIC_PREFIX):
+        return _check_anthropic_error_body(body)
     if status >= 400 and path != "/health":
         return _check_error_body(body)
     return None
@@ -202,15 +247,14 @@ def _case_runner(base_url: str, label: str, report: FuzzReport, max_tokens: int)
     def run(case: Any) -> None:
         report.cases[label] = report.cases.get(label, 0) + 1
         body = case.body
-        budgets = {"max_tokens", "max_completion_tokens"}
-        if (
-            case.operation.path in GENERATION_PATHS
-            and isinstance(body, dict)
-            and not (budgets & set(body))
-        ):
-            # A negative case may drop the (fuzz-required) max_tokens; put it back so that
-            # the request cannot generate to the end of the context.
-            body["max_tokens"] = max_tokens
+        budgets = {"max_tokens", "max_completion_tokens", "max_output_tokens"}
+        generates = case.operation.path in (*GENERATION_PATHS, "/v1/responses")
+        if generates and case.method.lower() == "post" and isinstance(body, dict):
+            if not (budgets & set(body)):
+                # A negative case may drop the (fuzz-required) budget; put it back so that
+                # the request cannot generate to the end of the context.
+                budget = "max_output_tokens" if case.operation.path == "/v1/responses" else None
+                body[budget or "max_tokens"] = max_tokens
         try:
             response = case.call(base_url=base_url, timeout=REQUEST_TIMEOUT_S)
         except Exception as e:  # a hang or a dropped connection is a failure too

@@ -1,10 +1,10 @@
 """The FastAPI app: the protocol adapters' routes over the served models, plus /health,
 /metrics and /version.
 
-Routes come from the adapters (``server/api/openai/``); around them, outermost first: CORS,
-API keys, the body size limit, and the gate that answers 503 while the model loads or the
-server shuts down. Errors are answered in the shape of the route's protocol
-(``server/http/errors.py``).
+Routes come from the adapters (``server/api/openai/``, ``server/api/anthropic/``); around
+them, outermost first: CORS, API keys, the body size limit, and the gate that answers 503
+while the model loads or the server shuts down. Errors are answered in the shape of the
+route's protocol (``server/http/errors.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,13 @@ from starlette.middleware.cors import CORSMiddleware
 from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
 from mlxserve.scheduler.client import EngineClient
 from mlxserve.server.api.admin import add_admin_routes
+from mlxserve.server.api.anthropic.errors import MESSAGES_PREFIX, anthropic_error_shape
+from mlxserve.server.api.anthropic.openapi import document_anthropic
+from mlxserve.server.api.anthropic.routes import add_anthropic_routes
 from mlxserve.server.api.openai.openapi import install_openapi
+from mlxserve.server.api.openai.responses.openapi import document_responses
+from mlxserve.server.api.openai.responses.routes import add_responses_routes
+from mlxserve.server.api.openai.responses.store import ResponseStore
 from mlxserve.server.api.openai.routes import add_openai_routes
 from mlxserve.server.api.openai.tokenize import add_tokenize_routes
 from mlxserve.server.config import ModelConfig, ServerConfig
@@ -58,15 +64,19 @@ def create_app(
     With ``loaded`` and ``engine`` None the app starts in the loading phase (``/health``
     503 with ``progress``); ``app.state.server.attach(loaded, engine)`` makes it ready.
 
-    Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
-    ``GET /v1/models/{model}``, ``POST /tokenize``, ``POST /detokenize``, ``GET /health``,
-    ``GET /metrics``, ``GET /version``.
+    Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/responses``,
+    ``GET`` / ``DELETE /v1/responses/{id}``, ``GET /v1/responses/{id}/input_items``,
+    ``POST /v1/messages``, ``POST /v1/messages/count_tokens``, ``GET /v1/models``,
+    ``GET /v1/models/{model}``,
+    ``POST /tokenize``, ``POST /detokenize``, ``GET /health``, ``GET /metrics``,
+    ``GET /version``.
     """
     app = FastAPI(title="mlxserve", version=VERSION)
     app.router.route_class = StrictJSONRoute  # before any route is added
     shapes = ErrorShapes()
+    shapes.register(MESSAGES_PREFIX, anthropic_error_shape)
     install_error_handlers(app, shapes)
-    install_openapi(app)
+    install_openapi(app, patches=(document_responses, document_anthropic))
     state = ServerState(config, progress, model_config)
     app.state.server = state
     if (loaded is None) != (engine is None):
@@ -86,6 +96,7 @@ def create_app(
             protect_ops=config.protect_metrics,
             shapes=shapes,
             tenants=config.prefix_cache_per_key,
+            x_api_key_prefixes=(MESSAGES_PREFIX,),
         )
     origins = config.origins()
     if origins:
@@ -93,8 +104,14 @@ def create_app(
         app.add_middleware(
             CORSMiddleware,
             allow_origins=origins,
-            allow_methods=["GET", "POST", "OPTIONS"],
-            allow_headers=["Authorization", "Content-Type"],
+            allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
+            allow_headers=[
+                "Authorization",
+                "Content-Type",
+                "x-api-key",
+                "anthropic-version",
+                "anthropic-beta",
+            ],
         )
     hosts = config.hosts()
     if is_loopback(config.host) and "*" not in hosts:
@@ -127,5 +144,8 @@ def create_app(
 
     add_openai_routes(app, state.models, state.admission)
     add_admin_routes(app, state.models, state.admission)
+    app.state.responses = ResponseStore(config.responses_store_size)
+    add_responses_routes(app, state.models, state.admission, app.state.responses)
+    add_anthropic_routes(app, state.models, state.admission)
     add_tokenize_routes(app, state.models)
     return app

@@ -99,6 +99,9 @@ class ServerConfig:
             (0.5); loading a model unloads idle ones until it fits (none: no budget).
         model_ttl: seconds without a request after which a model is unloaded (0: never;
             pinned models stay).
+        responses_store_size: responses of /v1/responses kept in memory for
+            previous_response_id and GET /v1/responses/{id}, least recently used dropped
+            first (0: none kept).
     """
 
     host: str = "127.0.0.1"
@@ -124,6 +127,7 @@ class ServerConfig:
     max_loaded_models: int = 0
     memory_budget: str | None = None
     model_ttl: float = 0.0
+    responses_store_size: int = 1000
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -134,6 +138,7 @@ class ServerConfig:
             "max_prompt_tokens",
             "max_connections",
             "max_loaded_models",
+            "responses_store_size",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")

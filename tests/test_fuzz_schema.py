@@ -45,6 +45,8 @@ class TestOpenApiDocument:
         assert routes == documented
         expected = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/models/{model}"}
         expected |= {"/tokenize", "/detokenize", "/health", "/metrics", "/version"}
+        expected |= {"/v1/messages", "/v1/messages/count_tokens", "/v1/responses"}
+        expected |= {"/v1/responses/{response_id}", "/v1/responses/{response_id}/input_items"}
         assert expected <= set(openapi["paths"])
 
     def test_post_routes_declare_their_json_body(self, openapi: dict[str, Any]) -> None:
@@ -64,12 +66,15 @@ class TestOpenApiDocument:
             for method, operation in operations.items():
                 responses = operation["responses"]
                 assert "422" not in responses, (method, path)
+                shape = "AnthropicErrorResponse" if path.startswith("/v1/messages") else None
                 for status, response in responses.items():
                     if int(status) < 400 or path == "/health":
                         continue
                     schema = response["content"]["application/json"]["schema"]
-                    assert schema == {"$ref": "#/components/schemas/ErrorResponse"}, path
-        for path in ("/v1/chat/completions", "/v1/completions"):
+                    expected = f"#/components/schemas/{shape or 'ErrorResponse'}"
+                    assert schema == {"$ref": expected}, path
+        streaming = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses")
+        for path in streaming:
             content = openapi["paths"][path]["post"]["responses"]["200"]["content"]
             assert set(content) == {"application/json", "text/event-stream"}, path
             assert "400" in openapi["paths"][path]["post"]["responses"]

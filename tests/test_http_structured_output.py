@@ -244,3 +244,33 @@ def test_a_grammar_is_compiled_once_per_request(client, model: str, monkeypatch)
     assert compiled == ["json_schema"], f"compiled {len(compiled)} times: {compiled}"
     for choice in response.choices:
         assert json.loads(choice.message.content)["ok"] in (True, False), choice
+
+
+class TestJsonObjectWithSchema:
+    """``{"type": "json_object", "schema": {...}}`` (llama.cpp / Together, instructor's
+    JSON_SCHEMA mode) enforces the schema instead of any object."""
+
+    SCHEMA = {
+        "type": "object",
+        "properties": {"color": {"enum": ["red", "green"]}, "n": {"type": "integer"}},
+        "required": ["color", "n"],
+        "additionalProperties": False,
+    }
+
+    def test_the_schema_is_enforced(self, client, model: str) -> None:
+        fmt = {"type": "json_object", "schema": self.SCHEMA}
+        choice = create(client, model, response_format=fmt, temperature=0.7, seed=3)
+        assert choice.finish_reason == "stop", choice
+        jsonschema.validate(json.loads(choice.message.content), self.SCHEMA)
+
+    def test_a_bad_schema_is_a_400_naming_it(self, http, model: str) -> None:
+        fmt = {"type": "json_object", "schema": {"$ref": "#/$defs/missing"}}
+        body = {"model": model, "messages": PERSON, "max_tokens": 4, "response_format": fmt}
+        response = http.post("/v1/chat/completions", json=body)
+        assert_openai_error(response, 400, param="response_format.schema")
+
+    def test_schema_only_with_json_object(self, http, model: str) -> None:
+        fmt = {"type": "text", "schema": self.SCHEMA}
+        body = {"model": model, "messages": PERSON, "max_tokens": 4, "response_format": fmt}
+        error = assert_openai_error(http.post("/v1/chat/completions", json=body), 400)
+        assert "json_object" in error["message"], error

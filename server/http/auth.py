@@ -1,10 +1,11 @@
 """API keys: ``Authorization: Bearer KEY`` on the API routes, checked in constant time.
 
 Protected: every ``/v1`` route, ``/tokenize`` and ``/detokenize``; with ``protect_ops`` also
-``/health``, ``/metrics`` and ``/version``. Keys are never logged; a refusal says only that
-the key is missing or wrong. With several keys, each is a tenant: the request's
-``scope["state"]["tenant"]`` names which key it carried (``key-<index>``), and the prefix
-cache keeps tenants apart (``server/serving/cache_namespace.py``).
+``/health``, ``/metrics`` and ``/version``. Routes of protocols whose clients send the key
+as ``x-api-key: KEY`` (Anthropic's) take that header too. Keys are never logged; a refusal
+says only that the key is missing or wrong. With several keys, each is a tenant: the
+request's ``scope["state"]["tenant"]`` names which key it carried (``key-<index>``), and
+the prefix cache keeps tenants apart (``server/serving/cache_namespace.py``).
 """
 
 from __future__ import annotations
@@ -36,17 +37,20 @@ def key_is_valid(authorization: str | None, keys: Sequence[bytes]) -> bool:
 
 def matching_key(authorization: str | None, keys: Sequence[bytes]) -> int | None:
     """The index of the key an ``Authorization`` header carries as a Bearer token (None:
-    none of ``keys``).
-
-    Every key is compared, each with ``hmac.compare_digest``, so the time taken does not
-    depend on how much of a key matched, nor on which key did.
-    """
+    none of ``keys``)."""
     if not authorization:
         return None
     scheme, _, token = authorization.partition(" ")
     if scheme.lower() != "bearer":
         return None
-    candidate = token.strip().encode()
+    return _index_of(token.strip(), keys)
+
+
+def _index_of(token: str, keys: Sequence[bytes]) -> int | None:
+    """Which of ``keys`` ``token`` is. Every key is compared, each with
+    ``hmac.compare_digest``, so the time taken does not depend on how much of a key
+    matched, nor on which key did."""
+    candidate = token.encode()
     matched = None
     for index, key in enumerate(keys):
         if hmac.compare_digest(candidate, key) and matched is None:
@@ -64,6 +68,7 @@ class APIKeyAuth:
         protect_ops: also protect ``/health``, ``/metrics`` and ``/version``.
         shapes: the app's error shapes.
         tenants: with several keys, mark each request with its key's tenant.
+        x_api_key_prefixes: route prefixes that also take the key as ``x-api-key``.
     """
 
     def __init__(
@@ -73,6 +78,7 @@ class APIKeyAuth:
         protect_ops: bool,
         shapes: ErrorShapes,
         tenants: bool = True,
+        x_api_key_prefixes: Sequence[str] = (),
     ) -> None:
         if not keys:
             raise ValueError("APIKeyAuth needs at least one key")
@@ -81,25 +87,38 @@ class APIKeyAuth:
         self._protect_ops = protect_ops
         self._shapes = shapes
         self._tenants = tenants and len(keys) > 1
+        self._x_api_key_prefixes = tuple(x_api_key_prefixes)
+
+    def _takes_x_api_key(self, path: str) -> bool:
+        return any(path == p or path.startswith(p + "/") for p in self._x_api_key_prefixes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and needs_key(scope["path"], self._protect_ops):
-            header = dict(scope["headers"]).get(b"authorization")
+            headers = dict(scope["headers"])
+            header = headers.get(b"authorization")
             value = header.decode("latin-1") if header is not None else None
             index = matching_key(value, self._keys)
-            if index is not None and self._tenants:
-                scope.setdefault("state", {})["tenant"] = f"key-{index}"
+            how = "'Authorization: Bearer YOUR_KEY'"
+            if self._takes_x_api_key(scope["path"]):
+                how = "'x-api-key: YOUR_KEY' or " + how
+                x_key = headers.get(b"x-api-key")
+                if x_key is not None:
+                    x_index = _index_of(x_key.decode("latin-1").strip(), self._keys)
+                    index = x_index if x_index is not None else index
+                    value = value or "x-api-key"
             if index is None:
                 message = (
                     "Incorrect API key provided."
                     if value
-                    else "Missing API key: send it as 'Authorization: Bearer YOUR_KEY'."
+                    else f"Missing API key: send it as {how}."
                 )
                 error = APIError(
                     401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"}
                 )
                 await self._shapes.response(error, scope["path"])(scope, receive, send)
                 return
+            if self._tenants:
+                scope.setdefault("state", {})["tenant"] = f"key-{index}"
         await self.app(scope, receive, send)
 
 

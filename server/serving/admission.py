@@ -83,7 +83,7 @@ class Admission:
         stats = engine.stats()
         unfinished = stats.num_running + stats.num_waiting
         check_queue(unfinished, spec.n, engine.max_running_requests, config.max_queue)
-        response_id = f"{spec.kind}-{uuid.uuid4().hex}"
+        response_id = spec.response_id or f"{spec.kind}-{uuid.uuid4().hex}"
         generations = [
             Generation(
                 engine,

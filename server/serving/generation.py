@@ -69,11 +69,22 @@ class GenerationError(Exception):
 @dataclass(frozen=True)
 class Chunk:
     """New completion text; ``finish_reason`` ("stop" or "length") is set on the last one.
-    ``tokens``: the tokens consumed for it, with their logprobs (only when asked)."""
+
+    Attributes:
+        text: the new text.
+        finish_reason: "stop" or "length" on the last chunk, else None.
+        tokens: the tokens consumed for it, with their logprobs (only when asked).
+        token_count: how many generated tokens were consumed for it (end-of-sequence
+            tokens included), so that a protocol can count the tokens of a part.
+        stop_string: on the last chunk, the stop string that ended the output (None: it
+            ended otherwise).
+    """
 
     text: str
     finish_reason: str | None = None
     tokens: tuple[TokenEntry, ...] = ()
+    token_count: int = 0
+    stop_string: str | None = None
 
 
 class Generation:
@@ -186,15 +197,21 @@ class Generation:
         Raises:
             GenerationError: the engine failed or aborted the request.
         """
+        unreported = 0  # tokens consumed since the last chunk
         while not self.finished:
             out = await self._queue.get()
             if isinstance(out, GenerationError):
                 self._finish("error")
                 raise out
             self._buffered -= len(out.new_token_ids)
+            before = self.completion_tokens
             text, tokens = self._consume(out)
+            unreported += self.completion_tokens - before
             if text or tokens or self.finished:
-                yield Chunk(text, self.finish_reason if self.finished else None, tuple(tokens))
+                reason = self.finish_reason if self.finished else None
+                stop = self._stop.matched if self.finished else None
+                yield Chunk(text, reason, tuple(tokens), unreported, stop)
+                unreported = 0
 
     async def text(self) -> str:
         """The whole completion text (waits for the end)."""

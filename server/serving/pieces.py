@@ -46,11 +46,16 @@ class PieceSplitter:
         reasoning: the model reasons in ``<think>`` tags.
         in_reasoning: the prompt already opened ``<think>``.
         tools: the request's tool plan (calls are parsed when its ``parse`` is set).
+
+    Attributes:
+        reasoning_tokens: generated tokens of the reasoning part so far (a chunk's tokens
+            count as reasoning when the content had not begun by its end).
     """
 
     def __init__(self, reasoning: bool, in_reasoning: bool, tools: ToolPlan | None = None) -> None:
         self._splitter = ReasoningSplitter(in_reasoning) if reasoning else None
         self._tools = None
+        self.reasoning_tokens = 0
         if tools is not None and tools.parse is not None:
             self._tools = ToolCallSplitter(tools.parse, tools.prompt_tools, tools.parallel)
 
@@ -69,6 +74,8 @@ class PieceSplitter:
             reasoning, content = "", chunk.text
         else:
             reasoning, content = self._splitter.feed(chunk.text)
+            if self._splitter.in_reasoning_part:
+                self.reasoning_tokens += chunk.token_count
             if chunk.finish_reason is not None:
                 tail_reasoning, tail_content = self._splitter.flush()
                 reasoning, content = reasoning + tail_reasoning, content + tail_content

@@ -74,6 +74,12 @@ class ReasoningSplitter:
         self.saw_reasoning = in_reasoning
         self._held = ""
 
+    @property
+    def in_reasoning_part(self) -> bool:
+        """The output opened a reasoning part and its content has not begun yet (the closing
+        tag and the whitespace after it still belong to the reasoning)."""
+        return self.saw_reasoning and self._state != self._CONTENT
+
     def feed(self, text: str) -> tuple[str, str]:
         """Add the next piece of output; returns the ``(reasoning, content)`` now certain."""
         reasoning: list[str] = []

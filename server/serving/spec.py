@@ -63,6 +63,8 @@ class GenerationSpec:
         sampling: how tokens are chosen.
         constraint: the compiled grammar the output follows (None: unconstrained).
         cache_namespace: the prefix-cache namespace (``cache_namespace.py``; "": shared).
+        response_id: the id the response gets (None: ``{kind}-{random hex}``); for
+            protocols whose ids look otherwise (``msg_...``, ``resp_...``).
     """
 
     kind: str
@@ -74,3 +76,4 @@ class GenerationSpec:
     sampling: SamplingSpec = field(default_factory=SamplingSpec)
     constraint: Constraint | None = None
     cache_namespace: str = ""
+    response_id: str | None = None

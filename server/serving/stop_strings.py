@@ -32,7 +32,7 @@ class StopMatcher:
         self.stops: tuple[str, ...] = tuple(dict.fromkeys(stops))
         self._held = ""
         self.stopped = False
-        # The longest tail worth holding: one char less than the longest stop.
+        self.matched: str | None = None  # the stop string that matched, once stopped
 
     def feed(self, text: str) -> str:
         """Add the next piece of generated text.
@@ -50,9 +50,10 @@ class StopMatcher:
         buf = self._held + text
         match = self._earliest_match(buf)
         if match is not None:
+            at, self.matched = match
             self.stopped = True
             self._held = ""
-            return buf[:match]
+            return buf[:at]
         hold = partial_suffix_len(buf, self.stops)
         self._held = buf[len(buf) - hold :] if hold else ""
         return buf[: len(buf) - hold]
@@ -64,9 +65,11 @@ class StopMatcher:
         held, self._held = self._held, ""
         return held
 
-    def _earliest_match(self, buf: str) -> int | None:
-        hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
-        return min(hits) if hits else None
+    def _earliest_match(self, buf: str) -> tuple[int, str] | None:
+        """Where the first stop string in ``buf`` starts, and which one (the earliest
+        start wins; at equal starts, the first listed)."""
+        hits = [(i, s) for s in self.stops if (i := buf.find(s)) >= 0]
+        return min(hits, key=lambda hit: hit[0]) if hits else None
 
 
 def partial_suffix_len(text: str, markers: Sequence[str]) -> int:

@@ -1,14 +1,12 @@
 """Non-streamed answers: wait for every choice, then one ``chat.completion`` or
 ``text_completion`` JSON body (streams: ``server/api/openai/sse.py``).
 
-A client that drops the connection while waiting aborts all its choices in the engine, so
-their slots are freed at once.
+A client that drops the connection while waiting aborts all its choices in the engine
+(``server/serving/collect.py``), so their slots are freed at once.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from collections.abc import Callable
 
 from fastapi import Request
@@ -30,51 +28,15 @@ from mlxserve.server.api.openai.shapers import (
     CompletionShaper,
     merge_completion_logprobs,
 )
-from mlxserve.server.http.errors import APIError
-from mlxserve.server.serving.choices import ChoiceChunks, Choices
-from mlxserve.server.serving.generation import GenerationError
-
-logger = logging.getLogger(__name__)
-
-# 499: nginx's "client closed request"; nobody reads it, but the access log says why.
-CLIENT_CLOSED = 499
-
-
-async def _wait_for_disconnect(request: Request) -> None:
-    # The body was read already, so the next ASGI message is the disconnect.
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _collect_unless_disconnected(
-    choices: Choices, request: Request
-) -> list[ChoiceChunks] | None:
-    """Every choice's chunks, or None if the client left first (all choices aborted)."""
-    collect_task = asyncio.ensure_future(choices.collect())
-    watch_task = asyncio.ensure_future(_wait_for_disconnect(request))
-    try:
-        await asyncio.wait({collect_task, watch_task}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        # Also reached if this handler is cancelled: never leave a choice running.
-        watch_task.cancel()
-        client_gone = not collect_task.done()
-        if client_gone:
-            collect_task.cancel()
-            choices.abort()
-    if client_gone:
-        logger.info("client of %s disconnected before the answer", choices.id)
-        return None
-    try:
-        return collect_task.result()
-    except GenerationError as e:
-        raise APIError(e.status_code, e.message, type=e.type, code=e.code) from e
+from mlxserve.server.serving.choices import Choices
+from mlxserve.server.serving.collect import CLIENT_CLOSED, collect_unless_disconnected
 
 
 async def complete_chat(
     choices: Choices, model: str, request: Request, make_shaper: Callable[[], ChatShaper]
 ) -> Response | ChatCompletion:
     """Wait for the whole chat completion (``stream=false``)."""
-    results = await _collect_unless_disconnected(choices, request)
+    results = await collect_unless_disconnected(choices, request)
     if results is None:
         return Response(status_code=CLIENT_CLOSED)
     out = []
@@ -112,7 +74,7 @@ async def complete_text(
     choices: Choices, model: str, request: Request, make_shaper: Callable[[], CompletionShaper]
 ) -> Response | Completion:
     """Wait for the whole text completion (``stream=false``)."""
-    results = await _collect_unless_disconnected(choices, request)
+    results = await collect_unless_disconnected(choices, request)
     if results is None:
         return Response(status_code=CLIENT_CLOSED)
     out = []

@@ -3,7 +3,9 @@
 
 - OpenAI's ``response_format``: ``{"type": "text"}`` (no constraint), ``{"type":
   "json_object"}`` (any JSON object), ``{"type": "json_schema", "json_schema": {"name",
-  "schema", "strict", "description"}}`` (the schema is enforced, strict or not);
+  "schema", "strict", "description"}}`` (the schema is enforced, strict or not); and the
+  llama.cpp / Together form ``{"type": "json_object", "schema": {...}}`` that older
+  client libraries send (instructor's JSON_SCHEMA mode): the schema is enforced;
 - vLLM's ``structured_outputs``: ``{"json": schema}``, ``{"regex": str}``, ``{"choice":
   [str, ...]}``, ``{"grammar": str}`` (Lark in llguidance's dialect), ``{"json_object":
   true}``; and its older ``guided_json``, ``guided_regex``, ``guided_choice``,
@@ -52,11 +54,17 @@ class JsonSchemaSpec(_Model):
 class ResponseFormat(_Model):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaSpec | None = None
+    # llama.cpp / Together: {"type": "json_object", "schema": {...}}.
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+
+    _schema = field_validator("schema_", mode="before")(json_schema_value)
 
     @model_validator(mode="after")
     def _schema_with_its_type(self) -> ResponseFormat:
         if (self.type == "json_schema") != (self.json_schema is not None):
             raise ValueError("'json_schema' goes with (and only with) type 'json_schema'.")
+        if self.schema_ is not None and self.type != "json_object":
+            raise ValueError("'schema' goes with (and only with) type 'json_object'.")
         return self
 
 
@@ -76,7 +84,11 @@ def output_constraints(body: Any) -> list[tuple[GrammarSpec, str]]:
     """Every constraint ``body`` asks for, with the field it came from."""
     found: list[tuple[GrammarSpec, str]] = []
     fmt: ResponseFormat | None = body.response_format
-    if fmt is not None and fmt.type == "json_object":
+    if fmt is not None and fmt.schema_ is not None:
+        found.append(
+            (GrammarSpec("json_schema", json.dumps(fmt.schema_)), "response_format.schema")
+        )
+    elif fmt is not None and fmt.type == "json_object":
         found.append((GrammarSpec("json_object"), "response_format"))
     elif fmt is not None and fmt.json_schema is not None:
         schema = fmt.json_schema.schema_ if fmt.json_schema.schema_ is not None else {}

@@ -1,0 +1,1 @@
+"""The OpenAI Responses protocol adapter: ``/v1/responses`` and its stored responses."""
