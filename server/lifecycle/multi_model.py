@@ -141,7 +141,7 @@ def serve_models_in_background(
     declarations: list[ModelDeclaration],
     engine_config: EngineConfig,
     config: ServerConfig | None = None,
-    loader: EngineModelLoader | None = None,
+    loader_class: type[EngineModelLoader] = EngineModelLoader,
 ) -> BackgroundServer:
     """Serve several declared models on a background thread (tests, benchmarks): the
     start-up models are loaded before it returns.
@@ -150,7 +150,8 @@ def serve_models_in_background(
         declarations: the models.
         engine_config: every model's engine settings (declarations may size the pools).
         config: server settings (default: 127.0.0.1 on a free port).
-        loader: the loader to use (default: an ``EngineModelLoader``).
+        loader_class: the loader (an ``EngineModelLoader``), built with the engine config
+            and the server's metrics; ``app.state.server.loader`` is it.
 
     Returns:
         The started server; ``stop()`` also unloads every model.
@@ -163,7 +164,7 @@ def serve_models_in_background(
     config = config or ServerConfig(port=0)
     app = create_app(None, None, config)
     state: ServerState = app.state.server
-    loader = loader or EngineModelLoader(engine_config, state.metrics)
+    loader = loader_class(engine_config, state.metrics)
     entries = state.serve_declared(declarations, loader)
     done = threading.Event()
     keeper = ModelKeeper(

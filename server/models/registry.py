@@ -67,6 +67,7 @@ class ModelEntry:
         served: the loaded model (None unless loaded).
         error: why its last load failed.
         users: requests holding it between ``acquire`` and their submission.
+        waiting: requests waiting for it to load (it is not unloaded under them).
         last_used: monotonic time of its last ``acquire`` or release.
         resident_bytes: memory its weights and pools take while loaded.
         loads: how many times it was loaded.
@@ -78,6 +79,7 @@ class ModelEntry:
     served: ServedModel | None = None
     error: str | None = None
     users: int = 0
+    waiting: int = 0
     last_used: float = field(default_factory=time.monotonic)
     resident_bytes: int = 0
     loads: int = 0
@@ -90,8 +92,8 @@ class ModelEntry:
         return self.names[0]
 
     def busy(self) -> bool:
-        """Requests hold it: being prepared, queued or running in its engine."""
-        if self.users:
+        """Requests hold it: waiting for it, being prepared, queued or running."""
+        if self.users or self.waiting:
             return True
         if self.served is None:
             return False
@@ -259,21 +261,27 @@ class ModelRegistry:
                 a failed load).
         """
         entry = self.entry(name)
-        while True:
+        with self._lock:
+            entry.waiting += 1
+        try:
+            while True:
+                with self._lock:
+                    if entry.draining:
+                        raise APIError(
+                            503,
+                            f"The model '{entry.name}' is being unloaded. Please retry later.",
+                            type="server_error",
+                            code="model_unloading",
+                            headers={"Retry-After": "5"},
+                        )
+                    if entry.status is ModelStatus.LOADED and entry.served is not None:
+                        entry.users += 1
+                        entry.last_used = time.monotonic()
+                        return entry.served
+                await asyncio.to_thread(self.load, entry)
+        finally:
             with self._lock:
-                if entry.draining:
-                    raise APIError(
-                        503,
-                        f"The model '{entry.name}' is being unloaded. Please retry later.",
-                        type="server_error",
-                        code="model_unloading",
-                        headers={"Retry-After": "5"},
-                    )
-                if entry.status is ModelStatus.LOADED and entry.served is not None:
-                    entry.users += 1
-                    entry.last_used = time.monotonic()
-                    return entry.served
-            await asyncio.to_thread(self.load, entry)
+                entry.waiting -= 1
 
     def release(self, model: ServedModel) -> None:
         """A request that held ``model`` was submitted (or gave up)."""
@@ -302,9 +310,9 @@ class ModelRegistry:
                 entry._loaded.clear()
         if waiter is not None:
             waiter.wait()
-            if entry.status is not ModelStatus.LOADED:
+            if entry.status is ModelStatus.UNLOADED and entry.error is not None:
                 raise _not_loaded(entry)
-            return
+            return  # loaded (or loaded and unloaded again: the caller tries again)
         try:
             with self._one_load:
                 self._make_room_for_one(entry)
