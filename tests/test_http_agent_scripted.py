@@ -171,7 +171,7 @@ def failing(smollm: LoadedModel) -> TestClient:
     tokenizer = smollm.tokenizer
     engine = FailingEngine(answering(tokenizer, "Hello there, friend."))
     loaded = LoadedModel(None, tokenizer, "scripted", {"vocab_size": len(tokenizer)}, 4096)
-    return TestClient(create_app(loaded, engine, ServerConfig()))
+    return TestClient(create_app(loaded, engine, ServerConfig()), base_url="http://localhost")
 
 
 class TestFailureMidStream:
