@@ -159,6 +159,7 @@ class FailingEngine(ScriptedEngine):
         on_output: Callable[[RequestOutput], None],
         grammar: Any = None,
         constraint: Any = None,
+        cache_namespace: str = "",
     ) -> None:
         self.requests.append((request_id, list(prompt_ids), params))
         for token in self.script(prompt_ids, params)[:2]:
