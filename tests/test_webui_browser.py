@@ -35,7 +35,10 @@ from tests.test_http_tools_scripted import CALL, WEATHER
 from tests.tiny_models import build_tiny_model_dir
 
 KEY = "sk-webui-test-key"
-XSS = 'Look: <img src=x onerror="window.__pwned = 1"> and <script>window.__pwned = 2</script>!'
+XSS = (
+    'Look: <img src=x onerror="window.__pwned = 1"> and <script>window.__pwned = 2</script>'
+    " [a link](javascript:window.__pwned=3)!"
+)
 MARKDOWN = (
     "Here is **bold** and code:\n\n```python\nprint('hi')\n```\n\n| a | b |\n|---|---|\n| 1 | 2 |"
 )
@@ -222,11 +225,26 @@ class TestRendering:
         page = open_page(scripted.url)
         page.send("xss please")
         content = page.answer("done").locator(".content")
-        assert content.inner_text() == XSS.replace("\n", ""), content.inner_text()
+        shown = XSS.replace(" [a link](javascript:window.__pwned=3)", " a link")
+        assert content.inner_text() == shown, content.inner_text()
         assert content.locator("img, script").count() == 0, content.inner_html()
+        assert content.locator("a").get_attribute("href") is None, content.inner_html()
+        content.locator("a").click()
         assert page.page.evaluate("window.__pwned") is None, "the model's HTML ran"
         assert page.page.locator("img").count() == 0
         assert not page.errors, page.errors
+
+    def test_the_csp_holds_in_the_browser(self, scripted, open_page) -> None:
+        page = open_page(scripted.url)
+        attempt = "(() => { try { %s; return 'allowed'; } catch (error) { return error.name; } })()"
+        sink = attempt % "document.body.insertAdjacentHTML('beforeend', '<b>x</b>')"
+        assert page.page.evaluate(sink) == "TypeError", "HTML sinks need a Trusted Type"
+        inline = (
+            "const s = document.createElement('script'); s.text = 'window.__inline = 1';"
+            " document.head.append(s)"
+        )
+        page.page.evaluate(attempt % inline)
+        assert page.page.evaluate("window.__inline") is None, "an inline script ran"
 
     def test_markdown_renders_code_and_tables(self, scripted, open_page) -> None:
         page = open_page(scripted.url)
