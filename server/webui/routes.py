@@ -116,16 +116,21 @@ def _answer(asset: Asset, request: Request) -> Response:
 
 
 def add_webui_routes(app: FastAPI, root: Path = STATIC_DIR) -> None:
-    """``GET /`` (the page) and ``GET /webui/{file}`` (its scripts, styles, licenses)."""
+    """``GET /`` (the page) and ``GET /webui/{file}`` (its scripts, styles, licenses).
+
+    Plain Starlette routes: they are not API routes, so ``/openapi.json`` leaves them out.
+    """
     assets = load_assets(root)
 
-    @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
     async def webui_page(request: Request) -> Response:
         return _answer(assets["index.html"], request)
 
-    @app.api_route(ASSET_PREFIX + "{name:path}", methods=["GET", "HEAD"], include_in_schema=False)
-    async def webui_asset(name: str, request: Request) -> Response:
+    async def webui_asset(request: Request) -> Response:
+        name = request.path_params["name"]
         asset = assets.get(name)
         if asset is None or name == "index.html":
             raise APIError(404, f"No web UI file {name!r}.", code="not_found")
         return _answer(asset, request)
+
+    for path, endpoint in (("/", webui_page), (ASSET_PREFIX + "{name:path}", webui_asset)):
+        app.add_route(path, endpoint, methods=["GET", "HEAD"], include_in_schema=False)

@@ -44,43 +44,62 @@ function persist() {
   try {
     state.conversations.save();
   } catch (error) {
-    notice(`Could not save the conversation (${error.name}): delete old chats to make room.`, "error");
+    const text = `Could not save the conversation (${error.name}): delete old chats to make room.`;
+    notice(text, "error");
   }
 }
 
 // ------------------------------------------------------------------------------- models
 
 let modelsTimer = null;
+// How often the list is read again: while a model loads, while several models are
+// declared (they load and unload), and while the server cannot answer.
+const POLL_LOADING_MS = 2000;
+const POLL_SEVERAL_MS = 15000;
+const POLL_DOWN_MS = 3000;
 
 async function refreshModels() {
   clearTimeout(modelsTimer);
+  let next = null;
   try {
     state.models = await client.models();
-    if (ui.notice.dataset.kind !== "error") notice("");
+    if (ui.notice.dataset.kind === "models") notice("");
     renderModels();
-    if (state.models.some((m) => m.status === "loading")) modelsTimer = setTimeout(refreshModels, 2000);
+    if (state.models.some((m) => m.status === "loading")) next = POLL_LOADING_MS;
+    else if (state.models.length > 1) next = POLL_SEVERAL_MS;
   } catch (error) {
     if (error.needsKey) {
       keyDialog.open(error.message);
     } else if (error.status === 503) {
-      notice(`The server is not ready: ${error.message} Retrying…`);
-      modelsTimer = setTimeout(refreshModels, 2000);
+      notice(`The server is not ready: ${error.message} Retrying…`, "models");
+      next = POLL_LOADING_MS;
     } else {
-      notice(`Cannot list the models: ${error.message}`, "error");
+      // A network error (the server restarting) or an unexpected answer.
+      notice(`Cannot list the models: ${error.message}. Retrying…`, "models");
+      next = POLL_DOWN_MS;
     }
   }
+  if (next !== null) modelsTimer = setTimeout(refreshWhenVisible, next);
+}
+
+function refreshWhenVisible() {
+  if (document.visibilityState === "visible") refreshModels();
+  else document.addEventListener("visibilitychange", refreshModels, { once: true });
 }
 
 function renderModels() {
   const several = state.models.length > 1;
-  const options = state.models.map((model) => {
-    const label = several && model.status ? `${model.id} (${model.status})` : model.id;
-    return new Option(label, model.id);
-  });
-  const previous = ui.model.value || state.settings.model;
-  ui.model.replaceChildren(...options);
-  const ids = state.models.map((m) => m.id);
-  ui.model.value = ids.includes(previous) ? previous : (ids[0] ?? "");
+  const labels = state.models.map((model) =>
+    several && model.status ? `${model.id} (${model.status})` : model.id,
+  );
+  const shown = [...ui.model.options].map((option) => option.text);
+  if (labels.join("\n") !== shown.join("\n")) {
+    // Only when something changed: replacing the options closes an open list.
+    const previous = ui.model.value || state.settings.model;
+    ui.model.replaceChildren(...labels.map((label, i) => new Option(label, state.models[i].id)));
+    const ids = state.models.map((m) => m.id);
+    ui.model.value = ids.includes(previous) ? previous : (ids[0] ?? "");
+  }
   renderModelInfo();
 }
 
@@ -307,7 +326,6 @@ ui.model.addEventListener("change", () => {
   saveSettings(state.settings);
   renderModelInfo();
 });
-ui.model.addEventListener("focus", refreshModels);
 ui.openSettings.addEventListener("click", () => settingsDialog.open());
 
 renderSidebar();

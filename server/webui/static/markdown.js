@@ -12,7 +12,8 @@ export function escapeHtml(text) {
   return text.replace(/[&<>"']/g, (c) => ESCAPES[c]);
 }
 
-const markdown = new Marked({ gfm: true, breaks: false, async: false });
+// breaks: a single newline is a line break, as models write poems, lists and addresses.
+const markdown = new Marked({ gfm: true, breaks: true, async: false });
 markdown.use({
   renderer: {
     // Block and inline HTML from the model: shown as the text it is.
