@@ -1,5 +1,5 @@
 """The FastAPI app: the protocol adapters' routes over the served models, plus /health,
-/metrics and /version.
+/metrics, /version and the chat page at / (``server/webui/``).
 
 Routes come from the adapters (``server/api/openai/``, ``server/api/anthropic/``); around
 them, outermost first: CORS, API keys, the body size limit, and the gate that answers 503
@@ -38,6 +38,7 @@ from mlxserve.server.http.limits import BodySizeLimit
 from mlxserve.server.http.slow_clients import BodyReadTimeout
 from mlxserve.server.lifecycle.loading import LoadProgress, backend_name
 from mlxserve.server.lifecycle.state import ServerState
+from mlxserve.server.webui.routes import add_webui_routes, is_webui_path
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +70,8 @@ def create_app(
     ``POST /v1/messages``, ``POST /v1/messages/count_tokens``, ``GET /v1/models``,
     ``GET /v1/models/{model}``,
     ``POST /tokenize``, ``POST /detokenize``, ``GET /health``, ``GET /metrics``,
-    ``GET /version``.
+    ``GET /version``; unless ``config.webui`` is off, the chat page ``GET /`` and its files
+    ``GET /webui/{file}``.
     """
     app = FastAPI(title="mlxserve", version=VERSION)
     app.router.route_class = StrictJSONRoute  # before any route is added
@@ -85,7 +87,8 @@ def create_app(
         state.attach(loaded, engine)
 
     # add_middleware puts each one outside the previous: the last added runs first.
-    app.add_middleware(ServiceGate, refusal=state.refusal, shapes=shapes)
+    webui_open = is_webui_path if config.webui else (lambda path: False)
+    app.add_middleware(ServiceGate, refusal=state.refusal, shapes=shapes, is_open=webui_open)
     app.add_middleware(BodyReadTimeout, seconds=config.body_timeout, shapes=shapes)
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes, shapes=shapes)
     keys = config.api_keys()
@@ -148,4 +151,6 @@ def create_app(
     add_responses_routes(app, state.models, state.admission, app.state.responses)
     add_anthropic_routes(app, state.models, state.admission)
     add_tokenize_routes(app, state.models)
+    if config.webui:
+        add_webui_routes(app)
     return app

@@ -102,6 +102,8 @@ class ServerConfig:
         responses_store_size: responses of /v1/responses kept in memory for
             previous_response_id and GET /v1/responses/{id}, least recently used dropped
             first (0: none kept).
+        webui: serve the built-in chat page at / (its files under /webui/); --no-webui
+            turns it off (404).
     """
 
     host: str = "127.0.0.1"
@@ -128,6 +130,7 @@ class ServerConfig:
     memory_budget: str | None = None
     model_ttl: float = 0.0
     responses_store_size: int = 1000
+    webui: bool = True
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

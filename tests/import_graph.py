@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("server", "scheduler", "kvpool", "mlx_backend")
 # The units of the package graph: subpackages of server/, the other folders whole.
-SERVER_UNITS = ("api", "http", "serving", "models", "lifecycle")
+SERVER_UNITS = ("api", "http", "serving", "models", "lifecycle", "webui")
 # scheduler/'s numpy contract types, the only part of it the backend may import.
 CONTRACT = {"batch", "memory_plan", "outputs"}
 # Composition roots: they build an MLX executor and hand it to the engine.

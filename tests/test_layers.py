@@ -42,15 +42,26 @@ class TestLayers:
 
 class TestInstall:
     def test_every_package_folder_is_listed_for_the_wheel(self) -> None:
+        # Folders without __init__.py hold data (the chat page's files): listed too, so
+        # that setuptools ships them as namespace packages, with their package-data.
         config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
         listed = set(config["packages"])
-        on_disk = {
-            "mlxserve." + ".".join(init.parent.relative_to(ROOT).parts)
+        folders = [
+            path
             for folder in FOLDERS
-            for init in (ROOT / folder).rglob("__init__.py")
-        }
+            for path in [ROOT / folder, *(ROOT / folder).rglob("*")]
+            if path.is_dir() and path.name != "__pycache__"
+        ]
+        on_disk = {"mlxserve." + ".".join(path.relative_to(ROOT).parts) for path in folders}
         assert listed == on_disk, (sorted(on_disk - listed), sorted(listed - on_disk))
         assert config["package-dir"] == {f"mlxserve.{f}": f for f in FOLDERS}
+        data = {
+            "mlxserve." + ".".join(path.relative_to(ROOT).parts)
+            for path in folders
+            if not (path / "__init__.py").exists()
+        }
+        missing = data - set(config.get("package-data", {}))
+        assert not missing, f"data folders without [tool.setuptools.package-data]: {missing}"
 
     def test_one_top_level_name(self, tmp_path: Path) -> None:
         # Outside the checkout, only the installed package is importable.
