@@ -22,6 +22,7 @@ from mlxserve.scheduler.encoder_engine import forward_groups
 from mlxserve.server.config import ServerConfig
 from mlxserve.server.lifecycle.launch import BackgroundServer
 from mlxserve.server.models.declarations import ModelDeclaration
+from tests.ops_helpers import cli_server
 from tests.test_embeddings import cosine
 from tests.test_multi_model import serve
 from tests.tiny_encoders import build_tiny_bert_dir
@@ -107,6 +108,18 @@ class TestEncoderEmbeddings:
         assert engine.wait_idle(30), "idle"
         engine.check_integrity()
         assert engine.stats().prompt_tokens_computed > 0
+
+
+class TestCli:
+    def test_one_plain_model_option_serves_an_encoder(self, bert_dirs) -> None:  # noqa: ANN001
+        args = ["--model", str(bert_dirs["mean"]), "--max-total-tokens", "512"]
+        with cli_server(args + ["--log-level", "warning"]) as (_, url):
+            body = {"model": "bert-mean", "input": ["hello", "the cat"]}
+            response = httpx.post(url + "/v1/embeddings", json=body, timeout=60)
+            assert response.status_code == 200, response.text
+            want = mlx_embeddings_reference(bert_dirs["mean"], ["hello", "the cat"], "mean")
+            for data, ref in zip(response.json()["data"], want, strict=True):
+                assert cosine(data["embedding"], ref) > 0.9999
 
 
 class TestBatchingByLength:
