@@ -13,6 +13,8 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
+from mlxserve.mlx_backend.cpu.blas import adaptive_thread_control
+from mlxserve.mlx_backend.cpu.blas_threads import AdaptiveBlasThreads
 from mlxserve.scheduler.memory_plan import MemoryStats
 
 
@@ -48,6 +50,9 @@ class MLXEncoderExecutor:
     def __init__(self, model: nn.Module, pooling: str = "model") -> None:
         self.model = model
         self.pooling = pooling
+        # As for the decoders: fewer OpenBLAS threads while other processes keep CPUs busy.
+        control = adaptive_thread_control()
+        self.blas_threads = None if control is None else AdaptiveBlasThreads(*control)
 
     def materialize(self) -> None:
         # NOTE: MLX streams are per thread: every lazy array of the model is evaluated on
@@ -55,6 +60,8 @@ class MLXEncoderExecutor:
         mx.eval([a for _, a in tree_flatten(self.model) if isinstance(a, mx.array)])
 
     def encode(self, input_ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        if self.blas_threads is not None:
+            self.blas_threads.update()
         B, L = input_ids.shape
         mask = (np.arange(L)[None, :] < lengths[:, None]).astype(np.float32)
         mask_mx = mx.array(mask)
