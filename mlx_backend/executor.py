@@ -166,20 +166,14 @@ class MLXExecutor:
         tokens = self.sampler(last_logits, batch.sampling)
         pending = [sampled_logprobs(last_logits, tokens, batch.sampling.logprobs), None]
         if prompt_at is not None:
-            with_prompt = [p for p in parts if p.prompt_entries is not None]
-            pending[1] = prompt_logprobs(
-                _in_order(
-                    [p.prompt_logits for p in with_prompt], [p.prompt_entries for p in with_prompt]
-                ),
-                batch,
-                *prompt_at,
-            )
+            asked = [p for p in parts if p.prompt_entries is not None]
+            logits = _in_order([p.prompt_logits for p in asked], [p.prompt_entries for p in asked])
+            pending[1] = prompt_logprobs(logits, batch, *prompt_at)
         # NOTE: the pools are evaluated together with the tokens so the scatters are
         # materialized now, not chained lazily into the next step's graph.
         extra = [a for p in pending if p is not None for a in p.arrays()]
-        mx.eval(
-            tokens, extra, [] if hidden is None else hidden, self.kv.arrays(), self.states.arrays()
-        )
+        embedded = [] if hidden is None else [hidden]
+        mx.eval(tokens, extra, embedded, self.kv.arrays(), self.states.arrays())
         return ForwardOutput(
             next_token_ids=np.array(tokens, dtype=np.int32),
             logprobs=None if pending[0] is None else pending[0].to_numpy(),
