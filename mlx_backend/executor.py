@@ -7,6 +7,7 @@ batches in, numpy tokens out; MLX arrays never leave this package.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -125,45 +126,59 @@ class MLXExecutor:
 
         The rows run as one forward per row group (``batch.row_groups``), each padded only
         to its own longest row; their logits are put back in row order and sampled together.
+        Rows of ``batch.embed_rows`` also return their last position's final hidden state;
+        a batch of such rows only (an embedding model's) projects and samples nothing.
 
         Returns:
             the sampled token of every row (the scheduler keeps those of ``sample_rows``),
-            and the logprobs the batch's rows asked for.
+            the logprobs the batch's rows asked for, and the embedding rows' hidden states.
         """
         if self.blas_threads is not None:
             self.blas_threads.update()
         self.states.copy(batch.state_copies_in)
+        embed_rows = batch.embed_rows
+        sample = embed_rows is None or not bool(embed_rows.all())
         # Rows that asked for prompt logprobs also project their prompt positions, in the
         # same head call as their group's last positions.
-        prompt_at = prompt_positions(batch)
+        prompt_at = prompt_positions(batch) if sample else None
         groups = batch.row_groups or (np.arange(batch.batch_size),)
-        last, prompt, prompt_entries = [], [], []
+        parts = []
         for rows in groups:
-            group_last, group_prompt, entries = self._forward_rows(batch, rows, prompt_at)
+            part = self._forward_rows(batch, rows, prompt_at, sample, embed_rows is not None)
             if len(groups) > 1:
                 # NOTE: one graph holding every group's forward evaluates slower than the
                 # forwards one after another (measured: a decode step of a 2,000-token row
                 # and 31 short ones, 890 ms vs 740 ms): each forward's K/V gathers and
                 # activations stay hot and are freed before the next one starts.
-                mx.eval(group_last, [] if group_prompt is None else group_prompt)
-            last.append(group_last)
-            if entries is not None:
-                prompt.append(group_prompt)
-                prompt_entries.append(entries)
-        last_logits = _in_order(last, groups)
+                mx.eval(part.arrays())
+            parts.append(part)
         self.states.copy(batch.state_snapshots)
+        hidden = None
+        if embed_rows is not None:
+            hidden = _in_order([p.hidden for p in parts], groups).astype(mx.float32)
+        if not sample:
+            mx.eval(hidden, self.kv.arrays(), self.states.arrays())
+            return ForwardOutput(
+                next_token_ids=np.zeros(batch.batch_size, np.int32),
+                embeddings=np.array(hidden),
+            )
+        last_logits = _in_order([p.logits for p in parts], groups)
         tokens = self.sampler(last_logits, batch.sampling)
         pending = [sampled_logprobs(last_logits, tokens, batch.sampling.logprobs), None]
         if prompt_at is not None:
-            pending[1] = prompt_logprobs(_in_order(prompt, prompt_entries), batch, *prompt_at)
+            asked = [p for p in parts if p.prompt_entries is not None]
+            logits = _in_order([p.prompt_logits for p in asked], [p.prompt_entries for p in asked])
+            pending[1] = prompt_logprobs(logits, batch, *prompt_at)
         # NOTE: the pools are evaluated together with the tokens so the scatters are
         # materialized now, not chained lazily into the next step's graph.
         extra = [a for p in pending if p is not None for a in p.arrays()]
-        mx.eval(tokens, extra, self.kv.arrays(), self.states.arrays())
+        embedded = [] if hidden is None else [hidden]
+        mx.eval(tokens, extra, embedded, self.kv.arrays(), self.states.arrays())
         return ForwardOutput(
             next_token_ids=np.array(tokens, dtype=np.int32),
             logprobs=None if pending[0] is None else pending[0].to_numpy(),
             prompt_logprobs=None if pending[1] is None else pending[1].to_numpy(),
+            embeddings=None if hidden is None else np.array(hidden),
         )
 
     def _forward_rows(
@@ -171,10 +186,12 @@ class MLXExecutor:
         batch: ForwardBatch,
         rows: np.ndarray,
         prompt_at: tuple[np.ndarray, np.ndarray] | None,
-    ) -> tuple[mx.array, mx.array | None, np.ndarray | None]:
-        """One forward of ``rows``: the logits of their last positions and, when some of
-        them asked, of their prompt positions (with the indices of those entries in
-        ``prompt_at``)."""
+        sample: bool = True,
+        embed: bool = False,
+    ) -> _GroupOutput:
+        """One forward of ``rows``: the logits of their last positions (with ``sample``)
+        and, when some of them asked, of their prompt positions (with the indices of those
+        entries in ``prompt_at``); with ``embed`` the last positions' hidden states too."""
         ctx = BatchContext(batch, rows)
         caches = BatchCaches(self.layout.specs, self.kv, self.states, ctx)
         n = len(rows)
@@ -187,16 +204,35 @@ class MLXExecutor:
             entries = np.nonzero(local[prompt_at[0]] >= 0)[0]
             pick_rows = np.concatenate([pick_rows, local[prompt_at[0][entries]]])
             pick_positions = np.concatenate([pick_positions, prompt_at[1][entries]])
-        logits = self.logits.at(
+        picks = (
             ctx.input_ids,
             caches.caches,
             mx.array(pick_rows.astype(np.int32)),
             mx.array(pick_positions.astype(np.int32)),
         )
+        hidden = None
+        if embed:
+            hidden, logits = self.logits.hidden_and_logits(*picks, logits=sample)
+            hidden = hidden[:n]
+        else:
+            logits = self.logits.at(*picks)
         caches.write_back_states()
-        if entries is None:
-            return logits, None, None
-        return logits[:n], logits[n:], entries
+        if logits is None or entries is None:
+            return _GroupOutput(logits, None, None, hidden)
+        return _GroupOutput(logits[:n], logits[n:], entries, hidden)
+
+
+@dataclass
+class _GroupOutput:
+    """What one row group's forward gave (MLX arrays, lazy until evaluated)."""
+
+    logits: mx.array | None  # [n, V], the rows' last positions (None: nothing sampled)
+    prompt_logits: mx.array | None  # [k, V], the prompt positions asked for
+    prompt_entries: np.ndarray | None  # which entries of ``prompt_at`` those are
+    hidden: mx.array | None  # [n, hidden], the last positions (embedding rows)
+
+    def arrays(self) -> list[mx.array]:
+        return [a for a in (self.logits, self.prompt_logits, self.hidden) if a is not None]
 
 
 def _in_order(parts: list[mx.array], indices) -> mx.array:  # noqa: ANN001

@@ -80,3 +80,33 @@ class LastTokenLogits:
             return self.model(inputs, cache=caches)[rows, positions]
         hidden = self.model.model(inputs, cache=caches)
         return self.head(hidden[rows, positions][:, None, :])[:, 0, :]
+
+    def hidden_and_logits(
+        self,
+        inputs: mx.array,
+        caches: list,
+        rows: mx.array,
+        positions: mx.array,
+        logits: bool = True,
+    ) -> tuple[mx.array, mx.array | None]:
+        """The final (normed) hidden states of chosen ``(row, position)`` pairs, what an
+        embedding model pools, and (with ``logits``) the head's logits of the same pairs.
+
+        Returns: ``[N, hidden]`` and ``[N, V]`` (or None).
+
+        Raises:
+            ValueError: the model has no inner ``model`` returning its hidden states, or
+                logits are asked of a model whose head could not be split off.
+        """
+        inner = self.model.get("model") if isinstance(self.model, nn.Module) else None
+        if inner is None:
+            raise ValueError(
+                f"{type(self.model).__name__} has no inner model returning hidden states: "
+                "it cannot serve embeddings"
+            )
+        if logits and self.head is None:
+            raise ValueError("this model's head cannot be split off: embed and generate apart")
+        hidden = inner(inputs, cache=caches)[rows, positions]
+        if not logits:
+            return hidden, None
+        return hidden, self.head(hidden[:, None, :])[:, 0, :]

@@ -107,6 +107,9 @@ class ForwardBatch:
         row_groups: the rows split into forwards of similar width (``row_groups.py``:
             tokens fed in prefill, context read in decode); empty means one forward of all
             rows. Each group is padded only to its own widest row.
+        embed_rows: bool [B], rows of embedding requests whose prompt ends in this step:
+            the forward returns the final hidden state of their last position instead of a
+            token (None: no such row). When every row is one, nothing is sampled.
     """
 
     phase: Literal["prefill", "decode"]
@@ -126,6 +129,7 @@ class ForwardBatch:
     state_copies_in: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.int32))
     state_snapshots: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.int32))
     row_groups: tuple[np.ndarray, ...] = ()
+    embed_rows: np.ndarray | None = None
 
     @property
     def batch_size(self) -> int:
@@ -165,8 +169,11 @@ class ForwardOutput:
 
     ``logprobs`` covers the sampled tokens of the rows that asked; ``prompt_logprobs`` the
     prompt positions of the rows that asked. Both are ``None`` when no row asked.
+    ``embeddings`` holds the final hidden state of the last position of each row of
+    ``batch.embed_rows`` (other rows mean nothing; None when the batch has no such row).
     """
 
     next_token_ids: np.ndarray  # int32 [B]
     logprobs: LogprobArrays | None = None
     prompt_logprobs: LogprobArrays | None = None
+    embeddings: np.ndarray | None = None  # float32 [B, hidden]

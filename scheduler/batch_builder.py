@@ -49,6 +49,8 @@ def build_forward_batch(
     sliding_write, sliding_read, sliding_start = _space_slots(spaces.sliding, rows)
     extend_lens = np.array([n for _, n in rows], np.int32)
     ends = np.array([r.computed_len + n for r, n in rows], np.int32)
+    sample_rows = np.array([r.computed_len + n == r.seq_len for r, n in rows])
+    embed_rows = np.array([r.embed for r, _ in rows]) & sample_rows
     return ForwardBatch(
         phase=phase,
         request_ids=[r.request_id for r, _ in rows],
@@ -62,9 +64,10 @@ def build_forward_batch(
         sliding_read_start=sliding_start,
         state_slots=np.array([r.state_slot or 0 for r, _ in rows], np.int32),
         fresh_rows=np.array([r.computed_len == 0 for r, _ in rows]),
-        sample_rows=np.array([r.computed_len + n == r.seq_len for r, n in rows]),
+        sample_rows=sample_rows,
         sampling=build_sampling_arrays(rows, eos_token_ids),
         row_groups=_row_groups(extend_lens, ends, sliding_start, spaces),
+        embed_rows=embed_rows if embed_rows.any() else None,
     )
 
 

@@ -49,12 +49,16 @@ class EngineClient(Protocol):
         grammar: GrammarSpec | None = None,
         constraint: Constraint | None = None,
         cache_namespace: str = "",
+        embed: bool = False,
     ) -> None:
         """Queue a request; ``on_output`` gets its events on the engine thread. It reuses
-        only prefixes cached by requests of the same ``cache_namespace``.
+        only prefixes cached by requests of the same ``cache_namespace``. With ``embed``
+        the prompt is only run: its one, finished event carries the embedding
+        (``RequestOutput.embedding``).
 
         Raises:
-            ValueError: ``grammar`` is invalid.
+            ValueError: ``grammar`` is invalid; an engine that only embeds (an encoder)
+                got a generation request.
         """
         ...
 

@@ -129,6 +129,7 @@ class Engine:
         grammar: GrammarSpec | None = None,
         constraint: Constraint | None = None,
         cache_namespace: str = "",
+        embed: bool = False,
     ) -> None:
         """Queue a request. ``on_output`` is called from the engine thread with each step's
         new tokens; exactly one call has ``finished=True``.
@@ -140,10 +141,17 @@ class Engine:
                 each request needs a matcher of its own.
             cache_namespace: the prefix-cache namespace (a tenant, a cache salt): the
                 request reuses only prefixes cached by requests of the same namespace.
+            embed: an embedding request: the prompt is prefilled (batched with the others,
+                through the prefix cache) and never sampled; its one event, finished,
+                carries the final hidden state of the prompt's last position
+                (``RequestOutput.embedding``). ``params`` are then ignored.
 
         Raises:
-            ValueError: ``grammar`` is invalid (the message says why).
+            ValueError: ``grammar`` is invalid (the message says why), or given to an
+                embedding request.
         """
+        if embed and (grammar is not None or constraint is not None):
+            raise ValueError("an embedding request samples nothing: it takes no grammar")
         if grammar is not None:
             if constraint is not None:
                 raise ValueError("give a request a grammar or a compiled constraint, not both")
@@ -155,6 +163,7 @@ class Engine:
             on_output,
             constraint=constraint,
             cache_namespace=cache_namespace,
+            embed=embed,
         )
         with self._unfinished_lock:
             self._unfinished += 1

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
+
 FinishReason = Literal["stop", "length", "abort", "error"]
 
 
@@ -36,6 +38,10 @@ class RequestOutput:
     ``logprobs`` (when the request asked) is aligned with ``new_token_ids``.
     ``prompt_logprobs`` (when asked) comes on the request's first token event only: one entry
     per prompt token, ``None`` for the first (nothing predicts it).
+
+    ``embedding`` is set on the one (finishing) event of an embedding request: the model's
+    final hidden state (normed, unpooled further, not normalized) at the prompt's last
+    position for a decoder, the pooled output for an encoder; float32 ``[hidden]``.
     """
 
     request_id: str
@@ -52,3 +58,4 @@ class RequestOutput:
     cached_tokens: int = 0
     logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    embedding: np.ndarray | None = None

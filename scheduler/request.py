@@ -79,6 +79,9 @@ class Request:
     stats: RequestStats = field(default_factory=RequestStats)
     # The grammar the output must follow (structured output), if any.
     constraint: Constraint | None = None
+    # An embedding request: its prompt is prefilled and never sampled; it finishes when the
+    # prompt is in, with the final hidden state of its last position.
+    embed: bool = False
     _ids_array: np.ndarray | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -103,7 +106,9 @@ class Request:
 
     @property
     def remaining_tokens(self) -> int:
-        """Tokens this request may still generate."""
+        """Tokens this request may still generate (none for an embedding request)."""
+        if self.embed:
+            return 0
         return self.params.max_tokens - self.output_len
 
     def all_ids(self) -> np.ndarray:

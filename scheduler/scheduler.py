@@ -79,9 +79,15 @@ class Scheduler:
         """Queue a request.
 
         Raises:
-            ValueError: the prompt leaves no room to generate within the context.
+            ValueError: the prompt leaves no room to generate within the context (an
+                embedding request's prompt may fill it).
         """
-        if req.prompt_len >= self.max_context_len:
+        if req.embed and req.prompt_len > self.max_context_len:
+            raise ValueError(
+                f"input of {req.prompt_len} tokens is longer than the context of "
+                f"{self.max_context_len} tokens"
+            )
+        if not req.embed and req.prompt_len >= self.max_context_len:
             raise ValueError(
                 f"prompt of {req.prompt_len} tokens leaves no room to generate within the "
                 f"context of {self.max_context_len} tokens"
@@ -269,6 +275,9 @@ class Scheduler:
             record_prompt_logprobs(req, out.prompt_logprobs, i)
             if not batch.sample_rows[i]:
                 continue
+            if req.embed:
+                events.append(self._finish_embedding(req, out.embeddings, i))
+                continue
             token = int(out.next_token_ids[i])
             try:
                 reason = self._accept(req, token)
@@ -286,6 +295,16 @@ class Scheduler:
             events.append(with_logprobs(self.make_event(req, [token], reason), req, out, i))
         self._in_flight = []
         return events
+
+    def _finish_embedding(
+        self, req: Request, embeddings: np.ndarray | None, i: int
+    ) -> RequestOutput:
+        """An embedding request's prompt is in: it leaves (its prompt's K/V go to the
+        prefix cache) with the hidden state of its last position."""
+        self._release(req)
+        if embeddings is None:
+            return self.make_event(req, [], "error", error="the forward returned no embedding")
+        return replace(self.make_event(req, [], "stop"), embedding=embeddings[i].copy())
 
     def _accept(self, req: Request, token: int) -> FinishReason | None:
         """Append a sampled token; returns why the request finishes, if it does.

@@ -22,6 +22,7 @@ from mlxserve.server.api.admin import add_admin_routes
 from mlxserve.server.api.anthropic.errors import MESSAGES_PREFIX, anthropic_error_shape
 from mlxserve.server.api.anthropic.openapi import document_anthropic
 from mlxserve.server.api.anthropic.routes import add_anthropic_routes
+from mlxserve.server.api.openai.embeddings import add_embedding_routes
 from mlxserve.server.api.openai.openapi import install_openapi
 from mlxserve.server.api.openai.responses.openapi import document_responses
 from mlxserve.server.api.openai.responses.routes import add_responses_routes
@@ -65,7 +66,8 @@ def create_app(
     With ``loaded`` and ``engine`` None the app starts in the loading phase (``/health``
     503 with ``progress``); ``app.state.server.attach(loaded, engine)`` makes it ready.
 
-    Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/responses``,
+    Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/embeddings``,
+    ``POST /v1/responses``,
     ``GET`` / ``DELETE /v1/responses/{id}``, ``GET /v1/responses/{id}/input_items``,
     ``POST /v1/messages``, ``POST /v1/messages/count_tokens``, ``GET /v1/models``,
     ``GET /v1/models/{model}``,
@@ -146,6 +148,7 @@ def create_app(
         }
 
     add_openai_routes(app, state.models, state.admission)
+    add_embedding_routes(app, state.models, state.admission)
     add_admin_routes(app, state.models, state.admission)
     app.state.responses = ResponseStore(config.responses_store_size)
     add_responses_routes(app, state.models, state.admission, app.state.responses)

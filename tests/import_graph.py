@@ -21,6 +21,9 @@ FOLDERS = ("server", "scheduler", "kvpool", "mlx_backend")
 SERVER_UNITS = ("api", "http", "serving", "models", "lifecycle", "webui")
 # scheduler/'s numpy contract types, the only part of it the backend may import.
 CONTRACT = {"batch", "memory_plan", "outputs"}
+# What touches MLX: the libraries (mlx-embeddings and the mlx-vlm it imports are MLX too)
+# and the backend.
+MLX_PACKAGES = ("mlx", "mlx_lm", "mlx_embeddings", "mlx_vlm", "mlx_backend")
 # Composition roots: they build an MLX executor and hand it to the engine.
 COMPOSITION_ROOTS = ("mlxserve.server.lifecycle", "mlxserve.server.app", "mlxserve.server.cli")
 
@@ -90,7 +93,7 @@ def violations(modules: dict[str, set[str]] | None = None) -> list[str]:
         for dep in sorted(deps):
             there = unit(dep)
             short = dep.removeprefix("mlxserve.")
-            if here in ("scheduler", "kvpool") and there in ("mlx", "mlx_lm", "mlx_backend"):
+            if here in ("scheduler", "kvpool") and there in MLX_PACKAGES:
                 bad.append(f"{module} imports {short}: {here}/ never touches MLX")
             if here in ("scheduler", "kvpool") and there.startswith("server"):
                 bad.append(f"{module} imports {short}: {here}/ never imports the server")
@@ -103,7 +106,7 @@ def violations(modules: dict[str, set[str]] | None = None) -> list[str]:
                     bad.append(f"{module} imports {short}: only scheduler's contract types")
             composition = module.startswith(COMPOSITION_ROOTS)
             if here.startswith("server") and not composition:
-                if there in ("mlx", "mlx_lm", "mlx_backend"):
+                if there in MLX_PACKAGES:
                     bad.append(f"{module} imports {short}: only composition roots touch MLX")
                 if short in ("scheduler.engine", "scheduler.scheduler"):
                     bad.append(f"{module} imports {short}: the server uses EngineClient")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 
 @dataclass
@@ -17,6 +17,9 @@ class LoadedModel:
         model_id: the name served in ``/v1/models`` and checked against ``model`` fields.
         config: the model's config dict (``config.json`` shape).
         context_length: the longest prompt + completion the model is served with.
+        kind: "decoder" (an mlx-lm model, served by the engine) or "encoder" (an
+            mlx-embeddings model: ``model(input_ids, attention_mask=...)``, embeddings only).
+        pooling: how an encoder's output is pooled (``encoders.POOLING_MODES``).
     """
 
     model: Any
@@ -24,3 +27,5 @@ class LoadedModel:
     model_id: str
     config: dict = field(default_factory=dict)
     context_length: int = 2048
+    kind: Literal["decoder", "encoder"] = "decoder"
+    pooling: str | None = None

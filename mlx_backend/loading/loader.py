@@ -158,11 +158,13 @@ def _load_gguf(path: str, model_id: str, keep_quantized: bool) -> LoadedModel:
     )
 
 
-def _load_dir(path: str, model_id: str) -> LoadedModel:
-    from mlx_lm.utils import load as mlx_lm_load
+def _load_dir(path: str, model_id: str, task: str = "generate") -> LoadedModel:
+    from mlxserve.mlx_backend.loading.encoders import encoder_model_type, load_encoder
 
+    if task == "embed" and encoder_model_type(path) is not None:
+        return load_encoder(path, model_id)
     try:
-        model, tokenizer, config = mlx_lm_load(path, return_config=True)
+        model, tokenizer, config = _load_mlx_lm_dir(path, task)
     except Exception as e:  # noqa: BLE001 - any failure to load is the user's one-line error
         # mlx-lm raises FileNotFoundError without config/weights, ValueError for unknown
         # model types, KeyError for missing fields, and transformers' config validation
@@ -176,6 +178,21 @@ def _load_dir(path: str, model_id: str) -> LoadedModel:
         config=config,
         context_length=context_length_of(config),
     )
+
+
+def _load_mlx_lm_dir(path: str, task: str):  # noqa: ANN202 - mlx-lm's (model, tokenizer, config)
+    from mlx_lm.utils import load as mlx_lm_load
+
+    if task != "embed":
+        return mlx_lm_load(path, return_config=True)
+    from mlx_lm.utils import load_model as load_mlx_lm_model
+    from mlx_lm.utils import load_tokenizer
+
+    from mlxserve.mlx_backend.loading.decoder_embeddings import embedding_model_classes
+
+    model, config = load_mlx_lm_model(Path(path), get_model_classes=embedding_model_classes)
+    tokenizer = load_tokenizer(Path(path), eos_token_ids=config.get("eos_token_id"))
+    return model, tokenizer, config
 
 
 def _hub_offline() -> bool:
@@ -232,7 +249,9 @@ def _looks_like_path(spec: str) -> bool:
     return spec.startswith((".", "~", os.sep)) or seps > 1
 
 
-def load_model(spec: str | None, keep_quantized: bool = False) -> LoadedModel:
+def load_model(
+    spec: str | None, keep_quantized: bool = False, task: str = "generate"
+) -> LoadedModel:
     """Load the model a user asked for.
 
     Args:
@@ -242,6 +261,9 @@ def load_model(spec: str | None, keep_quantized: bool = False) -> LoadedModel:
         keep_quantized: the weights will be served quantized (``--keep-quantized``): GGUF
             formats MLX cannot hold exactly are requantized to 8 bits rather than
             dequantized to float32 (which the CPU backend otherwise does anyway).
+        task: "embed" for an embedding model: an encoder directory loads through
+            mlx-embeddings (``encoders.py``), a decoder's base-model checkpoint through
+            mlx-lm with its weight names fixed (``decoder_embeddings.py``).
 
     Returns:
         The ``LoadedModel``; ``model_id`` is the directory basename, the GGUF file
@@ -260,7 +282,7 @@ def load_model(spec: str | None, keep_quantized: bool = False) -> LoadedModel:
             raise ModelLoadError(f"GGUF file not found: {spec}")
         return _load_gguf(path, Path(path).stem, keep_quantized)
     if os.path.isdir(path):
-        return _load_dir(path, Path(os.path.abspath(path)).name)
+        return _load_dir(path, Path(os.path.abspath(path)).name, task)
     if os.path.exists(path):
         raise ModelLoadError(f"{spec} is neither a .gguf file nor a model directory")
     if _looks_like_path(spec):
@@ -271,4 +293,4 @@ def load_model(spec: str | None, keep_quantized: bool = False) -> LoadedModel:
         )
 
     local_dir = _download(spec)
-    return _load_dir(local_dir, spec)
+    return _load_dir(local_dir, spec, task)

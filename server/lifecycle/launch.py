@@ -59,6 +59,11 @@ def serve(
         mlxserve.mlx_backend.loading.loader.ModelLoadError: the model cannot be loaded.
         RuntimeError: the engine failed to start.
     """
+    if not declarations and is_encoder(model_config.model):
+        # An encoder only embeds: it is served as a declared embedding model.
+        names = (model_config.served_model_name,) if model_config.served_model_name else ()
+        source = model_config.model
+        declarations = [ModelDeclaration(source, names, keep_quantized=model_config.keep_quantized)]
     if declarations:
         from mlxserve.server.lifecycle.multi_model import serve_models
 
@@ -121,6 +126,13 @@ def serve(
         if isinstance(error, (ModelLoadError, RuntimeError)):
             raise error
         raise RuntimeError(f"loading failed: {error}") from error
+
+
+def is_encoder(source: str | None) -> bool:
+    """Whether ``source`` is an encoder model directory (served for embeddings only)."""
+    from mlxserve.mlx_backend.loading.encoders import encoder_model_type
+
+    return encoder_model_type(source) is not None
 
 
 def graceful_server(app: FastAPI, config: ServerConfig) -> GracefulServer:

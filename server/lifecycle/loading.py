@@ -128,9 +128,9 @@ def keep_quantized_note(loaded: LoadedModel) -> str:
     return "weights kept as loaded (--keep-quantized)"
 
 
-def warm_up(engine: EngineClient, loaded: LoadedModel) -> None:
-    """Run one tiny request (a prefill and a decode step) so the first client does not pay
-    for MLX's first-use costs.
+def warm_up(engine: EngineClient, loaded: LoadedModel, embed: bool = False) -> None:
+    """Run one tiny request (a prefill and a decode step; for an embedding model, one
+    embedding) so the first client does not pay for MLX's first-use costs.
 
     Raises:
         RuntimeError: the request failed or did not finish in time.
@@ -145,7 +145,8 @@ def warm_up(engine: EngineClient, loaded: LoadedModel) -> None:
             done.set()
 
     params = SamplingParams(max_tokens=2, temperature=0.0)
-    engine.add_request(f"warmup-{uuid.uuid4().hex}", prompt, params, on_output)
+    embed = embed or loaded.kind == "encoder"
+    engine.add_request(f"warmup-{uuid.uuid4().hex}", prompt, params, on_output, embed=embed)
     if not done.wait(WARMUP_TIMEOUT_S):
         raise RuntimeError(f"warm-up request did not finish in {WARMUP_TIMEOUT_S:g} s")
     if final[0].finish_reason == "error":
@@ -220,6 +221,7 @@ def load_stages(
     progress: LoadProgress,
     convert: Callable[[LoadedModel], str | None] | None = convert_for_backend,
     warmup: bool = True,
+    embed: bool = False,
 ) -> tuple[LoadedModel, Engine]:
     """Load a model and start its engine, stage by stage (weights, conversion, engine,
     warm-up), reporting each to ``progress``.
@@ -231,6 +233,7 @@ def load_stages(
         progress: where stages are reported (``finish`` is the caller's).
         convert: the conversion stage (None: skipped).
         warmup: run the warm-up request.
+        embed: the model serves embeddings (its warm-up is an embedding request).
 
     Raises:
         Exception: a stage failed (an engine already started is shut down).
@@ -248,7 +251,7 @@ def load_stages(
     try:
         if warmup:
             progress.begin("warmup")
-            warm_up(engine, loaded)
+            warm_up(engine, loaded, embed)
     except BaseException:
         engine.shutdown()
         raise

@@ -18,7 +18,11 @@ from mlxserve.server.config import ModelConfig, ServerConfig
 from mlxserve.server.http.errors import APIError
 from mlxserve.server.lifecycle.loading import LoadProgress
 from mlxserve.server.lifecycle.metrics import Metrics
-from mlxserve.server.lifecycle.model_loader import EngineModelLoader, default_name
+from mlxserve.server.lifecycle.model_loader import (
+    EngineModelLoader,
+    default_name,
+    with_detected_task,
+)
 from mlxserve.server.lifecycle.shutdown import ShutdownState
 from mlxserve.server.models.declarations import ModelDeclaration
 from mlxserve.server.models.registry import ModelEntry, ModelRegistry, ModelStatus
@@ -73,7 +77,7 @@ class ServerState:
             default_ttl=config.model_ttl,
         )
         entries = []
-        for declaration in declarations:
+        for declaration in map(with_detected_task, declarations):
             names = declaration.names or (default_name(declaration),)
             entries.append(self.models.declare(declaration, names))
         return entries

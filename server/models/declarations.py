@@ -48,6 +48,9 @@ class ModelDeclaration:
         ttl: seconds without a request after which it is unloaded (None: the server's
             ``--model-ttl``; 0: never).
         task: "generate" (chat, completions) or "embed" (``/v1/embeddings``).
+        matryoshka: its embeddings may be cut short (``dimensions``): Matryoshka
+            representations (None: as its config.json says, ``is_matryoshka`` or
+            ``matryoshka_dimensions``).
     """
 
     source: str | None = None
@@ -60,6 +63,7 @@ class ModelDeclaration:
     pinned: bool = False
     ttl: float | None = None
     task: Task = "generate"
+    matryoshka: bool | None = None
 
     def __post_init__(self) -> None:
         for name in self.names:

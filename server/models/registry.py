@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from mlxserve.server.http.errors import APIError
-from mlxserve.server.models.declarations import ModelDeclaration
+from mlxserve.server.models.declarations import ModelDeclaration, Task
 from mlxserve.server.models.served_model import ServedModel
 
 logger = logging.getLogger(__name__)
@@ -69,7 +69,9 @@ class ModelEntry:
         users: requests holding it between ``acquire`` and their submission.
         waiting: requests waiting for it to load (it is not unloaded under them).
         last_used: monotonic time of its last ``acquire`` or release.
-        resident_bytes: memory its weights and pools take while loaded.
+        resident_bytes: memory its own weights and pools take while loaded.
+        shared_bytes: weights it shares with other models (a base under LoRA adapters),
+            by key; the budget counts each key once, however many models hold it.
         loads: how many times it was loaded.
     """
 
@@ -82,6 +84,7 @@ class ModelEntry:
     waiting: int = 0
     last_used: float = field(default_factory=time.monotonic)
     resident_bytes: int = 0
+    shared_bytes: dict[str, int] = field(default_factory=dict)
     loads: int = 0
     # Being unloaded on request: new requests are refused until it is.
     draining: bool = False
@@ -173,7 +176,8 @@ class ModelRegistry:
         with self._lock:
             entry = self._by_name.get(model.name)
             if entry is None:
-                entry = ModelEntry(ModelDeclaration(names=(model.name,)), (model.name,))
+                declaration = ModelDeclaration(names=(model.name,), task=model.task)
+                entry = ModelEntry(declaration, (model.name,))
                 self._register(entry)
             elif entry.status is ModelStatus.LOADED:
                 raise ValueError(f"a model named {model.name!r} is already served")
@@ -244,23 +248,26 @@ class ModelRegistry:
 
     # ----------------------------------------------------------------- use
     @asynccontextmanager
-    async def use(self, name: str) -> AsyncIterator[ServedModel]:
+    async def use(self, name: str, task: Task | None = "generate") -> AsyncIterator[ServedModel]:
         """The model served as ``name``, loaded on demand and held (never unloaded) until
-        the block ends; requests submitted inside it keep it busy until they finish."""
-        model = await self.acquire(name)
+        the block ends; requests submitted inside it keep it busy until they finish.
+        ``task`` is what the route needs of it (None: anything)."""
+        model = await self.acquire(name, task)
         try:
             yield model
         finally:
             self.release(model)
 
-    async def acquire(self, name: str) -> ServedModel:
+    async def acquire(self, name: str, task: Task | None = None) -> ServedModel:
         """``name``'s model, loading it (and waiting for that) if it is not resident.
 
         Raises:
-            APIError: 404 for an undeclared name; 503 when it cannot be loaded (no room,
+            APIError: 404 for an undeclared name; 400 when it does not serve ``task``
+                (checked before anything loads); 503 when it cannot be loaded (no room,
                 a failed load).
         """
         entry = self.entry(name)
+        check_task(entry, task)
         with self._lock:
             entry.waiting += 1
         try:
@@ -324,7 +331,7 @@ class ModelRegistry:
         except BaseException as e:
             with self._lock:
                 entry.status, entry.error = ModelStatus.UNLOADED, str(e)
-                entry.resident_bytes = 0
+                entry.resident_bytes, entry.shared_bytes = 0, {}
                 entry._loaded.set()
             if isinstance(e, NoRoom):
                 raise _overloaded(entry, str(e)) from e
@@ -359,7 +366,7 @@ class ModelRegistry:
         if not self.memory_budget:
             return 0
         while True:
-            used = sum(e.resident_bytes for e in self._entries if e is not entry)
+            used = self.memory_in_use(loading=entry)
             left = self.memory_budget - used - weight_bytes
             if left > 0:
                 return left
@@ -369,6 +376,15 @@ class ModelRegistry:
                     f"memory budget ({self.memory_budget / 2**20:.0f} MiB, "
                     f"{used / 2**20:.0f} MiB taken by models that are busy or pinned)"
                 )
+
+    def memory_in_use(self, loading: ModelEntry | None = None) -> int:
+        """Bytes the loaded models take (their own, plus each shared weight set once),
+        with the shared weights ``loading`` will hold counted already."""
+        holders = [e for e in self._entries if e.served is not None and e is not loading]
+        shared: dict[str, int] = {}
+        for e in [*holders, *([loading] if loading is not None else [])]:
+            shared.update(e.shared_bytes)
+        return sum(e.resident_bytes for e in holders) + sum(shared.values())
 
     def _evict_one(self, exclude: ModelEntry) -> bool:
         """Unload the least recently used idle, unpinned model, waiting for busy ones to
@@ -428,6 +444,7 @@ class ModelRegistry:
         """Take ``entry`` out of service (under the lock: no new request gets it)."""
         model = entry.served
         entry.served, entry.status, entry.resident_bytes = None, ModelStatus.UNLOADED, 0
+        entry.shared_bytes = {}
         entry._loaded.clear()
         return model
 
@@ -461,6 +478,24 @@ class ModelRegistry:
             self._finish_unload(entry, model)
             logger.info("unloaded %s after its idle time-out", entry.name)
         return [entry.name for entry, _ in done]
+
+
+def check_task(entry: ModelEntry, task: Task | None) -> None:
+    """Raises: APIError 400 when ``entry``'s model does not serve ``task`` (None: any)."""
+    if task is None or entry.declaration.task == task:
+        return
+    if task == "embed":
+        message = (
+            f"The model '{entry.name}' is not an embedding model: it generates text "
+            "(chat, completions, messages, responses) and does not serve /v1/embeddings. "
+            "Declare an embedding model with task=embed."
+        )
+    else:
+        message = (
+            f"The model '{entry.name}' is an embedding model: it serves /v1/embeddings only "
+            "and cannot generate text."
+        )
+    raise APIError(400, message, param="model", code="model_task_mismatch")
 
 
 def _not_loaded(entry: ModelEntry) -> APIError:

@@ -11,6 +11,7 @@ from typing import Any
 
 from mlxserve.scheduler.client import EngineClient
 from mlxserve.server.config import ModelConfig
+from mlxserve.server.models.declarations import Task
 from mlxserve.server.serving.prompt_size import check_text_fits, max_token_chars, text_chars
 from mlxserve.server.serving.reasoning import is_reasoning_model
 from mlxserve.server.serving.token_logprobs import TokenTexts
@@ -27,12 +28,20 @@ class ModelInfo:
             ``apply_chat_template``, ``eos_token_ids``).
         context_length: the longest prompt + completion the model allows.
         vocab_size: the model config's vocabulary size (0: unknown).
+        task: "generate" (chat, completions, messages, responses) or "embed"
+            (``/v1/embeddings`` only).
+        embedding_dims: the length of its embeddings (its hidden size; 0: not known).
+        matryoshka_dims: the shorter lengths its embeddings may be cut to (Matryoshka
+            representations): None for none, ``()`` for any, else those only.
     """
 
     model_id: str
     tokenizer: Any
     context_length: int
     vocab_size: int = 0
+    task: Task = "generate"
+    embedding_dims: int = 0
+    matryoshka_dims: tuple[int, ...] | None = None
 
 
 @dataclass(eq=False)
@@ -82,6 +91,18 @@ class ServedModel:
     @property
     def tokenizer(self) -> Any:
         return self.info.tokenizer
+
+    @property
+    def task(self) -> Task:
+        return self.info.task
+
+    @property
+    def embedding_dims(self) -> int:
+        return self.info.embedding_dims
+
+    @property
+    def matryoshka_dims(self) -> tuple[int, ...] | None:
+        return self.info.matryoshka_dims
 
     @property
     def context_length(self) -> int:

@@ -50,6 +50,12 @@ class Admission:
         self._live = {gen for gen in self._live if not gen.finished}
         return list(self._live)
 
+    def track(self, request: Generation) -> None:
+        """Keep a request started elsewhere (an ``EmbeddingJob``: ``engine``, ``finished``,
+        ``fail``) in flight with the others, for the drain and forced unloads."""
+        self.live_generations()
+        self._live.add(request)
+
     def fail_all(self, engine: EngineClient, message: str) -> int:
         """End every request in flight on ``engine`` with an error (a forced unload);
         returns how many."""

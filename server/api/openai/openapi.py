@@ -66,6 +66,7 @@ _TOKENIZE = (400, 401, 404, 413, 503)
 _ERRORS = {
     ("post", "/v1/chat/completions"): GENERATION_ERRORS,
     ("post", "/v1/completions"): GENERATION_ERRORS,
+    ("post", "/v1/embeddings"): GENERATION_ERRORS,
     ("post", "/tokenize"): _TOKENIZE,
     ("post", "/detokenize"): _TOKENIZE,
     ("get", "/v1/models/{model}"): (401, 404, 503),

@@ -114,7 +114,7 @@ def add_tokenize_routes(app: FastAPI, models: ModelRegistry) -> None:
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> TokenizeResponse:
-        async with models.use(name_of(body.model)) as c:
+        async with models.use(name_of(body.model), task=None) as c:
             ids = await offload(_tokenize, c, body)
         strs = None
         if body.return_token_strs:
