@@ -14,7 +14,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from mlxserve.mlx_backend.cpu.blas import adaptive_thread_control
-from mlxserve.mlx_backend.cpu.blas_threads import AdaptiveBlasThreads
+from mlxserve.mlx_backend.cpu.blas_threads import shared_blas_threads
 from mlxserve.scheduler.memory_plan import MemoryStats
 
 
@@ -50,9 +50,9 @@ class MLXEncoderExecutor:
     def __init__(self, model: nn.Module, pooling: str = "model") -> None:
         self.model = model
         self.pooling = pooling
-        # As for the decoders: fewer OpenBLAS threads while other processes keep CPUs busy.
-        control = adaptive_thread_control()
-        self.blas_threads = None if control is None else AdaptiveBlasThreads(*control)
+        # As for the decoders (the same process-wide policy): fewer OpenBLAS threads while
+        # other processes keep CPUs busy.
+        self.blas_threads = shared_blas_threads(adaptive_thread_control)
 
     def materialize(self) -> None:
         # NOTE: MLX streams are per thread: every lazy array of the model is evaluated on

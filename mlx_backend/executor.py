@@ -15,7 +15,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from mlxserve.mlx_backend.cpu.blas import adaptive_thread_control
-from mlxserve.mlx_backend.cpu.blas_threads import AdaptiveBlasThreads
+from mlxserve.mlx_backend.cpu.blas_threads import AdaptiveBlasThreads, shared_blas_threads
 from mlxserve.mlx_backend.kv.cache_view import BatchCaches, BatchContext
 from mlxserve.mlx_backend.kv.kv_pool import KVPool, StatePool
 from mlxserve.mlx_backend.kv.layer_layout import LayerLayout, probe_layout
@@ -89,13 +89,7 @@ class MLXExecutor:
         self.sampler = Sampler(self.seed)
         self.logits = LastTokenLogits(self.model)
         self._vocab_size = vocab_size(self.model)
-        control = adaptive_thread_control()
-        self.blas_threads = None if control is None else AdaptiveBlasThreads(*control)
-        if self.blas_threads is not None:
-            logger.info(
-                "OpenBLAS threads: %d, fewer while other processes keep CPUs busy",
-                self.blas_threads.threads,
-            )
+        self.blas_threads = shared_blas_threads(adaptive_thread_control)
         mib = 2**-20
         logger.info(
             "KV pools: %d full-attention slots (%.1f MiB), %d sliding-window slots "

@@ -108,6 +108,24 @@ class TestAdaptiveBlasThreads:
         assert policy.threads == 1 and applied == [1]
 
 
+class TestOnePolicyPerProcess:
+    def test_every_engine_steers_the_same_policy(self, monkeypatch) -> None:
+        from mlxserve.mlx_backend.cpu import blas_threads
+
+        monkeypatch.setattr(blas_threads, "_shared", None)
+        monkeypatch.setattr(blas_threads, "_shared_made", False)
+        asked: list[int] = []
+
+        def control():  # noqa: ANN202
+            asked.append(1)
+            return 2, lambda n: None
+
+        first = blas_threads.shared_blas_threads(control)
+        second = blas_threads.shared_blas_threads(control)
+        assert first is not None and first is second, "one policy for the process"
+        assert asked == [1], "built once"
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="Linux /proc only")
 def test_cpu_seconds_reads_this_machine():
     first = cpu_seconds()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
 import time
 from collections.abc import Callable
 
@@ -78,12 +79,18 @@ class AdaptiveBlasThreads:
         self._last = sample()
         self._last_t = clock()
         self._quiet_s = 0.0
+        self._lock = threading.Lock()
         if self._last is None:
             # Blind: keep one CPU for everything else, as a fixed count would.
             self._apply(max(1, cpus - 1), "cannot read /proc/stat")
 
     def update(self) -> None:
-        """Look at the counters if a second has passed; change the thread count if needed."""
+        """Look at the counters if a second has passed; change the thread count if needed
+        (thread-safe: every engine of the process calls it)."""
+        with self._lock:
+            self._update()
+
+    def _update(self) -> None:
         if self._last is None:
             return
         now = self._clock()
@@ -113,3 +120,28 @@ class AdaptiveBlasThreads:
         logger.info("OpenBLAS threads %d -> %d: %s", self.threads, threads, why)
         self._set(threads)
         self.threads = threads
+
+
+_shared: AdaptiveBlasThreads | None = None
+_shared_made = False
+_shared_lock = threading.Lock()
+
+
+def shared_blas_threads(
+    control: Callable[[], tuple[int, Callable[[int], None]] | None],
+) -> AdaptiveBlasThreads | None:
+    """The process's one thread-count policy (OpenBLAS's count is process-wide, so every
+    engine, whatever its model, steers the same one); built from ``control()`` on first use
+    (None: the count is not ours to change)."""
+    global _shared, _shared_made
+    with _shared_lock:
+        if not _shared_made:
+            found = control()
+            _shared = None if found is None else AdaptiveBlasThreads(*found)
+            _shared_made = True
+            if _shared is not None:
+                logger.info(
+                    "OpenBLAS threads: %d, fewer while other processes keep CPUs busy",
+                    _shared.threads,
+                )
+        return _shared
