@@ -10,7 +10,8 @@ from fastapi import FastAPI
 from mlxserve.server.api.openai.response_models import ModelCard
 from mlxserve.server.api.openai.routes import entry_card
 from mlxserve.server.http.errors import invalid_request
-from mlxserve.server.models.registry import ModelEntry, ModelRegistry
+from mlxserve.server.models.entry import ModelEntry
+from mlxserve.server.models.registry import ModelRegistry
 from mlxserve.server.models.served_model import ServedModel
 from mlxserve.server.serving.admission import Admission
 

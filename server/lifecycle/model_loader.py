@@ -34,7 +34,7 @@ from mlxserve.server.lifecycle.loading import (
 )
 from mlxserve.server.lifecycle.metrics import Metrics
 from mlxserve.server.models.declarations import ModelDeclaration
-from mlxserve.server.models.registry import ModelEntry
+from mlxserve.server.models.entry import ModelEntry
 from mlxserve.server.models.served_model import ModelInfo, ServedModel
 
 logger = logging.getLogger(__name__)

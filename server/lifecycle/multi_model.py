@@ -19,7 +19,8 @@ from mlxserve.server.lifecycle.loading import LoadProgress, backend_name, blas_l
 from mlxserve.server.lifecycle.model_loader import EngineModelLoader
 from mlxserve.server.lifecycle.state import ServerState
 from mlxserve.server.models.declarations import ModelDeclaration
-from mlxserve.server.models.registry import ModelEntry, ModelRegistry
+from mlxserve.server.models.entry import ModelEntry
+from mlxserve.server.models.registry import ModelRegistry
 
 if TYPE_CHECKING:
     from mlxserve.server.lifecycle.launch import BackgroundServer

@@ -25,7 +25,8 @@ from mlxserve.server.lifecycle.model_loader import (
 )
 from mlxserve.server.lifecycle.shutdown import ShutdownState
 from mlxserve.server.models.declarations import ModelDeclaration
-from mlxserve.server.models.registry import ModelEntry, ModelRegistry, ModelStatus
+from mlxserve.server.models.entry import ModelEntry, ModelStatus
+from mlxserve.server.models.registry import ModelRegistry
 from mlxserve.server.models.served_model import ModelInfo, ServedModel
 from mlxserve.server.serving.admission import Admission
 from mlxserve.server.serving.generation import Generation

@@ -24,7 +24,8 @@ from mlxserve.server.api.openai.sse import stream_chat, stream_completion
 from mlxserve.server.api.openai.structured_output import output_constraints
 from mlxserve.server.api.openai.tools import plan_tools
 from mlxserve.server.http.auth import tenant_of
-from mlxserve.server.models.registry import ModelEntry, ModelRegistry
+from mlxserve.server.models.entry import ModelEntry
+from mlxserve.server.models.registry import ModelRegistry
 from mlxserve.server.models.served_model import ServedModel
 from mlxserve.server.serving.admission import Admission
 from mlxserve.server.serving.choices import Choices
