@@ -13,7 +13,9 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
-from mlxserve.mlx_backend.cpu.blas import adaptive_thread_control
+from mlxserve.mlx_backend.attention import native
+from mlxserve.mlx_backend.attention.dispatch import AttentionPlan, plan_attention
+from mlxserve.mlx_backend.cpu.blas import adaptive_thread_control, fixed_thread_count
 from mlxserve.mlx_backend.cpu.blas_threads import AdaptiveBlasThreads
 from mlxserve.mlx_backend.kv.cache_view import BatchCaches, BatchContext
 from mlxserve.mlx_backend.kv.kv_pool import KVPool, StatePool
@@ -49,6 +51,7 @@ class MLXExecutor:
         self.sampler: Sampler | None = None
         self.logits: LastTokenLogits | None = None
         self.blas_threads: AdaptiveBlasThreads | None = None
+        self.attention: AttentionPlan | None = None
         self._vocab_size = 0
 
     @property
@@ -87,13 +90,11 @@ class MLXExecutor:
         self.sampler = Sampler(self.seed)
         self.logits = LastTokenLogits(self.model)
         self._vocab_size = vocab_size(self.model)
-        control = adaptive_thread_control()
-        self.blas_threads = None if control is None else AdaptiveBlasThreads(*control)
-        if self.blas_threads is not None:
-            logger.info(
-                "OpenBLAS threads: %d, fewer while other processes keep CPUs busy",
-                self.blas_threads.threads,
-            )
+        self.attention = plan_attention(self.model, layout)
+        self._start_threads()
+        logger.info("attention: %s", self.attention.path)
+        for index, why in sorted(self.attention.fallbacks.items()):
+            logger.info("attention layer %d keeps MLX's SDPA over gathered K/V: %s", index, why)
         mib = 2**-20
         logger.info(
             "KV pools: %d full-attention slots (%.1f MiB), %d sliding-window slots "
@@ -105,6 +106,28 @@ class MLXExecutor:
             plan.sliding_tokens * layout.bytes_per_token("sliding") * mib,
             plan.state_slots,
             plan.state_slots * layout.bytes_per_state_slot * mib,
+        )
+
+    def _start_threads(self) -> None:
+        """OpenBLAS and the attention kernel share one thread count: both run parallel-fors
+        that wait for their slowest thread, so both follow the CPUs other processes leave
+        free (``cpu/blas_threads.py``)."""
+        control = adaptive_thread_control()
+        if control is None:
+            self.blas_threads = None
+            native.set_threads(fixed_thread_count())
+            return
+        cpus, set_blas_threads = control
+
+        def set_threads(n: int) -> None:
+            set_blas_threads(n)
+            native.set_threads(n)
+
+        native.set_threads(cpus)
+        self.blas_threads = AdaptiveBlasThreads(cpus, set_threads)
+        logger.info(
+            "OpenBLAS and attention threads: %d, fewer while other processes keep CPUs busy",
+            self.blas_threads.threads,
         )
 
     def memory(self) -> MemoryStats:
@@ -172,7 +195,9 @@ class MLXExecutor:
         them asked, of their prompt positions (with the indices of those entries in
         ``prompt_at``)."""
         ctx = BatchContext(batch, rows)
-        caches = BatchCaches(self.layout.specs, self.kv, self.states, ctx)
+        caches = BatchCaches(
+            self.layout.specs, self.kv, self.states, ctx, self.attention.ragged_layers
+        )
         n = len(rows)
         pick_rows = np.arange(n)
         pick_positions = batch.extend_lens[rows] - 1

@@ -86,6 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_dataclass_options(parser.add_argument_group("model options"), ModelConfig)
     _add_dataclass_options(parser.add_argument_group("server options"), ServerConfig)
     _add_dataclass_options(parser.add_argument_group("engine options"), EngineConfig)
+    parser.add_argument(
+        "--version",
+        action="store_true",
+        help="print the versions, the backend and which BLAS and attention paths are active",
+    )
     sub = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
     convert = sub.add_parser(
         "convert",
@@ -137,6 +142,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "convert":
         return _convert(args.gguf_path, args.out_dir)
+    if args.version:
+        return _print_version()
     try:
         server_config = _from_args(ServerConfig, args)
         model_config = _from_args(ModelConfig, args)
@@ -149,6 +156,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     _enable_fast_blas()
     return _serve(server_config, model_config, engine_config)
+
+
+def _print_version() -> int:
+    _enable_fast_blas()
+    import mlx.core as mx
+    import mlx_lm
+
+    from mlxserve.server.app import VERSION
+    from mlxserve.server.lifecycle.loading import attention_line, backend_name, blas_line
+
+    print(f"mlxserve {VERSION} (mlx {mx.__version__}, mlx-lm {mlx_lm.__version__})")
+    print(f"backend: {backend_name()}")
+    print(f"BLAS: {blas_line()}")
+    print(f"attention: {attention_line()}")
+    return 0
 
 
 def _enable_fast_blas() -> None:

@@ -73,7 +73,9 @@ def assert_exact(arch, outputs, references):
 
 class TestExactUnderBatching:
     @pytest.mark.parametrize("arch", DIR_ARCHITECTURES + IN_MEMORY_ARCHITECTURES)
-    def test_concurrent_chunked_requests_match_mlx_lm(self, arch, tiny_dirs, make_engine):
+    def test_concurrent_chunked_requests_match_mlx_lm(
+        self, arch, tiny_dirs, make_engine, attention_spy
+    ):
         loaded = load_tiny(arch, tiny_dirs)
         prompts = prompts_for()
         refs = [greedy_reference(loaded.model, p, MAX_TOKENS) for p in prompts]
@@ -81,6 +83,10 @@ class TestExactUnderBatching:
             loaded, max_total_tokens=512, max_running_requests=8, max_prefill_tokens=CHUNK
         )
         assert_exact(arch, run_batch(engine, prompts), refs)
+        # With the dispatch on, the layers planned for the native op really ran on it.
+        assert not attention_spy.fallbacks, f"{arch}: runtime fallbacks {attention_spy.fallbacks}"
+        if engine.executor.attention.ragged_layers:
+            assert attention_spy.native_calls > 0, f"{arch}: the native op never ran"
 
     @pytest.mark.parametrize("arch", DIR_ARCHITECTURES + IN_MEMORY_ARCHITECTURES)
     def test_decode_split_by_context_matches_mlx_lm(
