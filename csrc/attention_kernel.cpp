@@ -32,6 +32,8 @@ constexpr int kChunk = 64;
 constexpr float kNegInf = -__builtin_inff();
 // Per-task stack buffers, in floats: queries and accumulators of every query row.
 constexpr int kTaskFloats = 8192;
+// Query rows from which the scores are computed against a transposed K chunk.
+constexpr int kTransposeRows = 8;
 
 inline float max_f(float a, float b) {
   return a > b ? a : b;
@@ -91,6 +93,96 @@ inline float sum(const float* __restrict a, int n) {
     s += a[i];
   }
   return s;
+}
+
+// Eight floats as one value: one AVX register on x86-64-v3, two SSE/NEON
+// registers elsewhere (GCC vector extensions, no intrinsics per ISA).
+typedef float f8 __attribute__((vector_size(32)));
+
+inline f8 load8(const float* p) {
+  f8 v;
+  __builtin_memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline void store8(float* p, f8 v) {
+  __builtin_memcpy(p, &v, sizeof(v));
+}
+
+inline f8 splat8(float x) {
+  return f8{x, x, x, x, x, x, x, x};
+}
+
+// Scores of one query row against a chunk of kChunk keys stored transposed
+// (kt[d * kChunk + j]): eight vector accumulators, one broadcast per dim, no
+// horizontal sums. Used when a task has enough query rows to pay for the
+// transpose (prefill).
+void scores_transposed(const float* __restrict q, const float* __restrict kt, int dim,
+                       float* __restrict out) {
+  f8 a0 = splat8(0), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+  for (int d = 0; d < dim; ++d) {
+    const f8 qd = splat8(q[d]);
+    const float* k = kt + d * kChunk;
+    a0 += qd * load8(k);
+    a1 += qd * load8(k + 8);
+    a2 += qd * load8(k + 16);
+    a3 += qd * load8(k + 24);
+    a4 += qd * load8(k + 32);
+    a5 += qd * load8(k + 40);
+    a6 += qd * load8(k + 48);
+    a7 += qd * load8(k + 56);
+  }
+  store8(out, a0);
+  store8(out + 8, a1);
+  store8(out + 16, a2);
+  store8(out + 24, a3);
+  store8(out + 32, a4);
+  store8(out + 40, a5);
+  store8(out + 48, a6);
+  store8(out + 56, a7);
+}
+
+// acc[0, 8 * NV) += sum_j p[j] * v[j][0, 8 * NV): the accumulators stay in
+// registers over the chunk's keys.
+template <int NV>
+void weighted_rows(float* __restrict acc, const float* __restrict p, const float* const* v,
+                   int offset, int n) {
+  f8 a[NV];
+  for (int i = 0; i < NV; ++i) {
+    a[i] = load8(acc + 8 * i);
+  }
+  for (int j = 0; j < n; ++j) {
+    const f8 pj = splat8(p[j]);
+    const float* vj = v[j] + offset;
+    for (int i = 0; i < NV; ++i) {
+      a[i] += pj * load8(vj + 8 * i);
+    }
+  }
+  for (int i = 0; i < NV; ++i) {
+    store8(acc + 8 * i, a[i]);
+  }
+}
+
+// acc[0, dim) += sum_j p[j] * v[j][0, dim), in register tiles of 64 floats.
+void weighted_sum(float* __restrict acc, const float* __restrict p, const float* const* v,
+                  int n, int dim) {
+  int d = 0;
+  for (; d + 64 <= dim; d += 64) {
+    weighted_rows<8>(acc + d, p, v, d, n);
+  }
+  for (; d + 32 <= dim; d += 32) {
+    weighted_rows<4>(acc + d, p, v, d, n);
+  }
+  for (; d + 8 <= dim; d += 8) {
+    weighted_rows<1>(acc + d, p, v, d, n);
+  }
+  for (; d < dim; ++d) {
+    float x = acc[d];
+    for (int j = 0; j < n; ++j) {
+      x += p[j] * v[j][d];
+    }
+    acc[d] = x;
+  }
 }
 
 // acc += p * v over n floats.
@@ -176,6 +268,8 @@ void run_task(const AttentionArgs& a, const AttentionTask& t) {
 
   const int32_t* slots = a.slots + t.b * a.slots_row;
   const int64_t k_base = static_cast<int64_t>(t.h) * a.rows_per_head;
+  const bool transpose = Q >= kTransposeRows;
+  float kt[kChunk * kMaxHeadDim];  // the chunk of K, transposed (prefill only)
   for (int cs = first; cs <= last; cs += kChunk) {
     const int n = last + 1 - cs < kChunk ? last + 1 - cs : kChunk;
     for (int j = 0; j < n; ++j) {
@@ -183,10 +277,39 @@ void run_task(const AttentionArgs& a, const AttentionTask& t) {
       krow[j] = a.k + row * a.k_row;
       vrow[j] = a.v + row * a.v_row;
     }
-    for (int j = 0; j < n; ++j) {
-      const float* kp = krow[j];
+    // The next chunk's rows are scattered over the pool: ask for them now.
+    const int next_n = last + 1 - (cs + kChunk) < kChunk ? last + 1 - (cs + kChunk) : kChunk;
+    for (int j = 0; j < next_n; ++j) {
+      const int64_t row = k_base + slots[cs + kChunk + j];
+      const char* kp = reinterpret_cast<const char*>(a.k + row * a.k_row);
+      const char* vp = reinterpret_cast<const char*>(a.v + row * a.v_row);
+      for (int byte = 0; byte < Dk * 4; byte += 64) {
+        __builtin_prefetch(kp + byte);
+      }
+      for (int byte = 0; byte < Dv * 4; byte += 64) {
+        __builtin_prefetch(vp + byte);
+      }
+    }
+    if (transpose) {
+      for (int j = 0; j < n; ++j) {
+        for (int d = 0; d < Dk; ++d) {
+          kt[d * kChunk + j] = krow[j][d];
+        }
+      }
+      for (int j = n; j < kChunk; ++j) {
+        for (int d = 0; d < Dk; ++d) {
+          kt[d * kChunk + j] = 0.0f;
+        }
+      }
       for (int r = 0; r < Q; ++r) {
-        scores[r * kChunk + j] = dot(qbuf + r * Dk, kp, Dk);
+        scores_transposed(qbuf + r * Dk, kt, Dk, scores + r * kChunk);
+      }
+    } else {
+      for (int j = 0; j < n; ++j) {
+        const float* kp = krow[j];
+        for (int r = 0; r < Q; ++r) {
+          scores[r * kChunk + j] = dot(qbuf + r * Dk, kp, Dk);
+        }
       }
     }
     for (int r = 0; r < Q; ++r) {
@@ -214,9 +337,7 @@ void run_task(const AttentionArgs& a, const AttentionTask& t) {
       if (corr != 1.0f) {
         scale_in_place(ar, corr, Dv);
       }
-      for (int j = 0; j < n; ++j) {
-        axpy(ar, s[j], vrow[j], Dv);
-      }
+      weighted_sum(ar, s, vrow, n, Dv);
       m[r] = m_new;
     }
   }

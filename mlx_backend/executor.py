@@ -6,6 +6,7 @@ batches in, numpy tokens out; MLX arrays never leave this package.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import mlx.core as mx
@@ -69,9 +70,13 @@ class MLXExecutor:
         mx.eval([a for _, a in tree_flatten(self.model) if isinstance(a, mx.array)])
 
     def plan(self, request: PoolRequest) -> MemoryPlan:
-        """Probe the model's caches (one token through mlx-lm's own) and size the pools."""
+        """Probe the model's caches (one token through mlx-lm's own), decide each attention
+        layer's path and size the pools."""
         self.layout = probe_layout(self.model)
-        return plan_memory(
+        self.attention = plan_attention(self.model, self.layout)
+        specs = self.layout.attention
+        ragged = bool(specs) and self.attention.ragged_layers == {s.pool_index for s in specs}
+        plan = plan_memory(
             self.layout,
             request.max_total_tokens,
             request.max_running_requests,
@@ -80,6 +85,7 @@ class MLXExecutor:
             request.context_length,
             prefix_cache=request.prefix_cache,
         )
+        return dataclasses.replace(plan, ragged_attention=ragged)
 
     def allocate(self, plan: MemoryPlan) -> None:
         if self.layout is None:
@@ -90,7 +96,8 @@ class MLXExecutor:
         self.sampler = Sampler(self.seed)
         self.logits = LastTokenLogits(self.model)
         self._vocab_size = vocab_size(self.model)
-        self.attention = plan_attention(self.model, layout)
+        if self.attention is None:
+            self.attention = plan_attention(self.model, layout)
         self._start_threads()
         logger.info("attention: %s", self.attention.path)
         for index, why in sorted(self.attention.fallbacks.items()):

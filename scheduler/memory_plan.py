@@ -14,12 +14,16 @@ class MemoryPlan:
         sliding_tokens: token slots of the sliding-window space (0: no sliding layer).
         window: the widest sliding window (None without sliding layers).
         state_slots: recurrent-state slots (0: no recurrent layer).
+        ragged_attention: every attention layer reads each row's own keys in place (the
+            backend's native op), so a decode row costs its own context, not the batch's
+            longest: decode rows need no split by context (``row_groups.py``).
     """
 
     full_tokens: int
     sliding_tokens: int = 0
     window: int | None = None
     state_slots: int = 0
+    ragged_attention: bool = False
 
     @property
     def recurrent(self) -> bool:

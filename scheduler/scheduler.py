@@ -18,6 +18,7 @@ from mlxserve.scheduler.memory_plan import MemoryPlan
 from mlxserve.scheduler.outputs import FinishReason, RequestOutput
 from mlxserve.scheduler.prefix_cache import PrefixCache
 from mlxserve.scheduler.request import Request, RequestStatus
+from mlxserve.scheduler.step_budget import StepBudget
 from mlxserve.scheduler.token_spaces import TokenSpaces
 
 logger = logging.getLogger(__name__)
@@ -35,7 +36,8 @@ class Scheduler:
     ``max_prefill_tokens`` real tokens) or a decode step (one token for every running
     request whose prompt is fully in the pool). While both kinds of work exist the two
     alternate, so a long prompt arriving never stalls running streams for more than one
-    chunk.
+    chunk, and a prefill step that runs between decode steps is sized by a time budget
+    (``step_budget.py``) so that it delays the decoding streams by a bounded factor.
 
     For models with recurrent layers every row of a prefill step feeds the same number of
     tokens: a padding token must never enter a recurrent state, and unmodified model code
@@ -73,6 +75,8 @@ class Scheduler:
         self._in_flight: list[Request] = []
         self._last_phase = "decode"
         self._arrivals = 0
+        self.budget = StepBudget(config.max_prefill_tokens)
+        self._prefill_tokens = config.max_prefill_tokens
 
     # ----------------------------------------------------------------- queue changes
     def add(self, req: Request) -> None:
@@ -130,8 +134,15 @@ class Scheduler:
             self._last_phase = batch.phase
         return batch
 
+    def observe_step(self, batch: ForwardBatch, seconds: float) -> None:
+        """Record how long ``batch``'s forward took (it sizes later prefill steps)."""
+        forwards = max(1, len(batch.row_groups))
+        self.budget.observe(batch.phase, batch.num_tokens, forwards, seconds)
+
     def _schedule_prefill(self) -> ForwardBatch | None:
         rows: list[tuple[Request, int]] = []
+        decoding = any(r.pending_len == 1 for r in self.running)
+        self._prefill_tokens = self.budget.prefill_tokens(decoding)
         short = int(self.cache.stop_short)
         for req in sorted(self.running, key=lambda r: r.arrival):
             if req.pending_len <= 1:
@@ -180,7 +191,7 @@ class Scheduler:
         later chunks). With recurrent layers the first row fixes the width and shorter rows
         wait (no padding may enter a state).
         """
-        budget = self.config.max_prefill_tokens
+        budget = self._prefill_tokens
         if not rows:
             return min(wanted, budget) or None
         if self.plan.recurrent:
@@ -232,7 +243,9 @@ class Scheduler:
 
     def _build_batch(self, phase: str, rows: list[tuple[Request, int]]) -> ForwardBatch:
         self._in_flight = [r for r, _ in rows]
-        batch = build_forward_batch(phase, rows, self.spaces, self.eos_token_ids)
+        batch = build_forward_batch(
+            phase, rows, self.spaces, self.eos_token_ids, self.plan.ragged_attention
+        )
         snapshots = []
         if phase == "prefill":
             for req, n in rows:

@@ -124,6 +124,15 @@ def spy_row_groups(engine, phase: str | None = None) -> list[int]:
     return seen
 
 
+def gather_attention(monkeypatch) -> None:
+    """Run engines built after this on the pure-MLX attention path (MLX's SDPA over the
+    gathered K/V), as without the native op."""
+    from mlxserve.mlx_backend.attention import native
+
+    off = native.NativeStatus(False, "turned off by the test")
+    monkeypatch.setattr(native, "native_status", lambda: off)
+
+
 class AttentionSpy:
     """Counts the native attention op's calls and the dispatch's runtime fallbacks."""
 

@@ -15,7 +15,14 @@ from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
 from mlxserve.mlx_backend.loading.loader import load_model
 from mlxserve.scheduler import row_groups
 from mlxserve.scheduler.sampling_params import SamplingParams
-from tests.conftest import Collector, NoEosTokenizer, greedy_reference, spy_row_groups, submit
+from tests.conftest import (
+    Collector,
+    NoEosTokenizer,
+    gather_attention,
+    greedy_reference,
+    spy_row_groups,
+    submit,
+)
 from tests.tiny_models import (
     ARCHITECTURES,
     EXTRA_ARCHITECTURES,
@@ -92,8 +99,10 @@ class TestExactUnderBatching:
     def test_decode_split_by_context_matches_mlx_lm(
         self, arch, tiny_dirs, make_engine, monkeypatch
     ):
-        # Every distinct context length decodes in its own forward (recurrent state,
-        # sliding windows and full attention each gathered and written back per group).
+        # On the pure-MLX attention path (MLX's SDPA over gathered K/V, as without the
+        # native op) every distinct context length decodes in its own forward (recurrent
+        # state, sliding windows and full attention each gathered and written back per group).
+        gather_attention(monkeypatch)
         monkeypatch.setattr(row_groups, "DECODE_OVERHEAD_KEYS", 0)
         loaded = load_tiny(arch, tiny_dirs)
         prompts = prompts_for()
