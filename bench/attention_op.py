@@ -73,7 +73,7 @@ def run_case(contexts: list[int], q_len: int, repeat: int) -> dict[str, float]:
         start += n
     counts = np.array(contexts, np.int32)
     q_start = counts - L
-    meta = mx.array(np.stack([counts, 0 * counts, q_start, np.full(B, L)], 1).astype(np.int32))
+    meta = mx.array(native.padded_runs(counts, 0 * counts, q_start, np.full(B, L), L))
     q = mx.array(rng.standard_normal((B, Q_HEADS, L, DIM), dtype=np.float32))
     flat = mx.array((np.arange(KV_HEADS)[:, None, None] * rows + slots[None]).astype(np.int32))
     k_pos = np.arange(S)[None, None, None, :]

@@ -203,10 +203,11 @@ struct RowBounds {
   int hi;  // last visible key column (inclusive); hi < lo: no key visible
 };
 
-// The key columns query l of row b sees, clipped to [c0, c1).
+// The key columns query l of run b sees, clipped to [c0, c1).
 RowBounds bounds(const AttentionArgs& a, int b, int l, int c0, int c1) {
-  const int32_t* m = a.meta + 4 * b;
-  const int key_count = m[0], key_start = m[1], q_start = m[2], q_len = m[3];
+  const int32_t* m = a.meta + kMetaFields * b;
+  const int key_count = m[kMetaKeyCount], key_start = m[kMetaKeyStart];
+  const int q_start = m[kMetaQStart], q_len = m[kMetaQLen];
   if (l >= q_len) {
     return {0, -1};
   }
@@ -252,8 +253,9 @@ void run_task(const AttentionArgs& a, const AttentionTask& t) {
       const int r = li * G + g;
       const int hq = t.h * G + g;
       rb[r] = lb;
-      const float* src = a.q + t.b * a.q_stride[0] + hq * a.q_stride[1] +
-          (t.l0 + li) * a.q_stride[2];
+      const int n = a.meta[kMetaFields * t.b + kMetaQFirst] + t.l0 + li;
+      const float* src = a.q + static_cast<int64_t>(n / a.L) * a.q_stride[0] +
+          hq * a.q_stride[1] + static_cast<int64_t>(n % a.L) * a.q_stride[2];
       for (int d = 0; d < Dk; ++d) {
         qbuf[r * Dk + d] = src[d * a.q_stride[3]] * a.scale;
       }
@@ -266,7 +268,7 @@ void run_task(const AttentionArgs& a, const AttentionTask& t) {
     }
   }
 
-  const int32_t* slots = a.slots + t.b * a.slots_row;
+  const int32_t* slots = a.slots + a.meta[kMetaFields * t.b + kMetaSlotRow] * a.slots_row;
   const int64_t k_base = static_cast<int64_t>(t.h) * a.rows_per_head;
   const bool transpose = Q >= kTransposeRows;
   float kt[kChunk * kMaxHeadDim];  // the chunk of K, transposed (prefill only)
@@ -354,8 +356,9 @@ void run_task(const AttentionArgs& a, const AttentionTask& t) {
       }
       continue;
     }
-    const int l = t.l0 + li, hq = t.h * G + g;
-    float* dst = a.out + ((static_cast<int64_t>(t.b) * a.L + l) * a.Hq + hq) * Dv;
+    const int n = a.meta[kMetaFields * t.b + kMetaQFirst] + t.l0 + li;
+    const int hq = t.h * G + g;
+    float* dst = a.out + (static_cast<int64_t>(n) * a.Hq + hq) * Dv;
     const float inv = total[r] > 0.0f ? 1.0f / total[r] : 0.0f;
     for (int d = 0; d < Dv; ++d) {
       dst[d] = ar[d] * inv;
@@ -365,8 +368,7 @@ void run_task(const AttentionArgs& a, const AttentionTask& t) {
 
 void merge_partials(
     const AttentionArgs& a,
-    int b,
-    int l,
+    int n,
     int hq,
     const float* partials,
     int count,
@@ -376,7 +378,7 @@ void merge_partials(
   for (int i = 0; i < count; ++i) {
     m = max_f(m, partials[i * stride]);
   }
-  float* dst = a.out + ((static_cast<int64_t>(b) * a.L + l) * a.Hq + hq) * Dv;
+  float* dst = a.out + (static_cast<int64_t>(n) * a.Hq + hq) * Dv;
   for (int d = 0; d < Dv; ++d) {
     dst[d] = 0.0f;
   }

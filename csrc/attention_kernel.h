@@ -14,17 +14,31 @@ namespace mlxserve {
 // Everything one call of the kernel reads and writes. Pointers are to float32
 // or int32 data; strides are in elements.
 //
-//   q      [B, Hq, L, Dk]  any strides
+//   q      [B, Hq, L, Dk]  any strides; query n (of N = B * L) is q[n / L, :, n % L]
 //   k      [Hkv * rows_per_head, Dk]  row stride k_row, unit column stride
 //   v      [Hkv * rows_per_head, Dv]  likewise
-//   slots  [B, S]          the slot of key column c of row b (row stride slots_row)
-//   meta   [B, 4]          per row: key_count, key_start, q_start, q_len
+//   slots  [T, S]          a table of key slots (row stride slots_row)
+//   meta   [R, 6]          one run of queries per entry (kMeta* below)
 //   sinks  [Hq] or null    one extra logit per query head (gpt-oss)
-//   out    [B, L, Hq, Dv]  contiguous; padded queries (l >= q_len) get zeros
+//   out    [B, L, Hq, Dv]  contiguous; queries no run covers get zeros
 //
-// Key column c of row b sits at position key_start + c and is real for
-// c < key_count. Query l sits at position p = q_start + l and sees the keys at
-// positions j with j <= p (and j > p - window when window > 0).
+// A run is q_len consecutive queries n = q_first .. q_first + q_len - 1 of one
+// sequence over the keys of slots row slot_row: key column c sits at position
+// key_start + c and is real for c < key_count; query i sits at position
+// p = q_start + i and sees the keys at positions j with j <= p (and
+// j > p - window when window > 0). A padded [B, L] batch has one run per row
+// (q_first = b * L); a packed batch of one-token rows has one run per
+// sequence, whose queries are consecutive rows sharing one slots row.
+enum MetaField {
+  kMetaSlotRow = 0,
+  kMetaKeyCount = 1,
+  kMetaKeyStart = 2,
+  kMetaQStart = 3,
+  kMetaQLen = 4,
+  kMetaQFirst = 5,
+  kMetaFields = 6,
+};
+
 struct AttentionArgs {
   const float* q;
   int64_t q_stride[4];
@@ -37,13 +51,13 @@ struct AttentionArgs {
   const int32_t* meta;
   const float* sinks;
   float* out;
-  int B, L, Hq, Hkv, Dk, Dv, S;
+  int B, L, Hq, Hkv, Dk, Dv, S, T, R;
   int64_t rows_per_head;
   float scale;
   int window;
 };
 
-// One unit of work: the queries [l0, l1) of row b on KV head h (all Hq / Hkv
+// One unit of work: the queries [l0, l1) of run b on KV head h (all Hq / Hkv
 // query heads of that KV head), over the key columns [c0, c1).
 struct AttentionTask {
   int b, h, l0, l1, c0, c1;
@@ -61,8 +75,7 @@ namespace isa_baseline {
 void run_task(const AttentionArgs& args, const AttentionTask& task);
 void merge_partials(
     const AttentionArgs& args,
-    int b,
-    int l,
+    int n,
     int hq,
     const float* partials,
     int count,
@@ -74,8 +87,7 @@ namespace isa_x86_v3 {
 void run_task(const AttentionArgs& args, const AttentionTask& task);
 void merge_partials(
     const AttentionArgs& args,
-    int b,
-    int l,
+    int n,
     int hq,
     const float* partials,
     int count,

@@ -19,7 +19,7 @@ namespace {
 
 struct Kernel {
   void (*run)(const AttentionArgs&, const AttentionTask&);
-  void (*merge)(const AttentionArgs&, int, int, int, const float*, int, int64_t);
+  void (*merge)(const AttentionArgs&, int, int, const float*, int, int64_t);
   const char* isa;
 };
 
@@ -44,20 +44,26 @@ constexpr int kMinSplitKeys = 256;
 // Tasks per thread to aim for, so the atomic hand-out balances uneven rows.
 constexpr int kTasksPerThread = 4;
 
-struct Row {
-  int key_count, key_start, q_start, q_len;
+struct Run {
+  int slot_row, key_count, key_start, q_start, q_len, q_first;
 };
 
-Row row_meta(const AttentionArgs& a, int b) {
-  const int32_t* m = a.meta + 4 * b;
-  Row r{m[0], m[1], m[2], m[3]};
-  r.key_count = std::min(std::max(r.key_count, 0), a.S);
-  r.q_len = std::min(std::max(r.q_len, 0), a.L);
+// Run b of the call, checked: its queries and its slots row must exist.
+Run run_meta(const AttentionArgs& a, int b) {
+  const int32_t* m = a.meta + kMetaFields * b;
+  Run r{m[kMetaSlotRow], m[kMetaKeyCount], m[kMetaKeyStart],
+        m[kMetaQStart],  m[kMetaQLen],     m[kMetaQFirst]};
+  const int64_t n = static_cast<int64_t>(a.B) * a.L;
+  if (r.slot_row < 0 || r.slot_row >= a.T || r.q_len < 0 || r.q_first < 0 ||
+      r.q_first + static_cast<int64_t>(r.q_len) > n || r.key_count < 0 || r.key_count > a.S) {
+    throw std::out_of_range("ragged_attention: run " + std::to_string(b) +
+                            " names queries, keys or a slots row outside its inputs");
+  }
   return r;
 }
 
-// The key columns [lo, hi] query l of a row sees (hi < lo: none).
-std::pair<int, int> visible(const AttentionArgs& a, const Row& r, int l) {
+// The key columns [lo, hi] query l of a run sees (hi < lo: none).
+std::pair<int, int> visible(const AttentionArgs& a, const Run& r, int l) {
   const int p = r.q_start + l;
   const int hi = std::min(p - r.key_start, r.key_count - 1);
   const int lo = a.window > 0 ? std::max(0, p - a.window + 1 - r.key_start) : 0;
@@ -89,9 +95,10 @@ void merge_one_block(void* ctx, int i) {
   const int Q = (s.l1 - s.l0) * G;
   const int64_t entry = a.Dv + 2;
   const float* base = plan->scratch.data() + s.offset;
+  const int q_first = a.meta[kMetaFields * s.b + kMetaQFirst];
   for (int r = 0; r < Q; ++r) {
     kernel().merge(
-        a, s.b, s.l0 + r / G, s.h * G + r % G, base + r * entry, s.count, Q * entry);
+        a, q_first + s.l0 + r / G, s.h * G + r % G, base + r * entry, s.count, Q * entry);
   }
 }
 
@@ -106,19 +113,18 @@ void run_attention(const AttentionArgs& a) {
   };
   std::vector<Block> blocks;
   int64_t total_cost = 0;
-  for (int b = 0; b < a.B; ++b) {
-    const Row r = row_meta(a, b);
-    for (int l = r.q_len; l < a.L; ++l) {
-      std::memset(a.out + (static_cast<int64_t>(b) * a.L + l) * row_floats, 0,
-                  sizeof(float) * row_floats);
-    }
+  const int64_t queries = static_cast<int64_t>(a.B) * a.L;
+  std::vector<char> covered(queries, 0);
+  for (int b = 0; b < a.R; ++b) {
+    const Run r = run_meta(a, b);
+    std::memset(covered.data() + r.q_first, 1, r.q_len);
     if (r.q_len == 0) {
       continue;
     }
-    // Every slot a query of this row can read must lie inside the pool.
+    // Every slot a query of this run can read must lie inside the pool.
     const auto [lo0, hi0] = visible(a, r, 0);
     const auto [lo1, hi1] = visible(a, r, r.q_len - 1);
-    const int32_t* slots = a.slots + b * a.slots_row;
+    const int32_t* slots = a.slots + static_cast<int64_t>(r.slot_row) * a.slots_row;
     for (int c = std::max(0, std::min(lo0, lo1)); c <= std::max(hi0, hi1); ++c) {
       if (slots[c] < 0 || slots[c] >= a.rows_per_head) {
         throw std::out_of_range(
@@ -133,6 +139,12 @@ void run_attention(const AttentionArgs& a) {
       const int hi = visible(a, r, l1 - 1).second;
       blocks.push_back({b, l0, l1, lo, hi});
       total_cost += static_cast<int64_t>(std::max(hi - lo + 1, 1)) * (l1 - l0) * G * a.Hkv;
+    }
+  }
+  // Padding queries (no run covers them) come out as zeros.
+  for (int64_t n = 0; n < queries; ++n) {
+    if (!covered[n]) {
+      std::memset(a.out + n * row_floats, 0, sizeof(float) * row_floats);
     }
   }
 
@@ -179,7 +191,7 @@ void run_attention(const AttentionArgs& a) {
   }
   // Biggest tasks first: the atomic hand-out then ends with small ones.
   auto cost = [&](const AttentionTask& t) {
-    const Row r = row_meta(a, t.b);
+    const Run r = run_meta(a, t.b);
     const int lo = std::max(t.c0, visible(a, r, t.l0).first);
     const int hi = std::min(t.c1 - 1, visible(a, r, t.l1 - 1).second);
     return static_cast<int64_t>(std::max(hi - lo + 1, 1)) * (t.l1 - t.l0);
@@ -235,9 +247,9 @@ mx::array ragged_attention(
   const int G = Hq / kv_heads;
   require(G <= kMaxTaskQueries && G * std::max(Dk, Dv) <= 8192,
           "too many query heads per KV head for the kernel's buffers");
-  require(slots.ndim() == 2 && slots.shape(0) == B && slots.shape(1) >= 1,
-          "slots must be [B, S]");
-  require(meta.ndim() == 2 && meta.shape(0) == B && meta.shape(1) == 4, "meta must be [B, 4]");
+  require(slots.ndim() == 2 && slots.shape(1) >= 1, "slots must be [T, S]");
+  require(slots.shape(0) >= 1, "slots must have a row");
+  require(meta.ndim() == 2 && meta.shape(1) == kMetaFields, "meta must be [R, 6]");
   std::vector<mx::array> inputs = {queries, k_pool, v_pool, slots, meta};
   if (sinks.has_value()) {
     require(sinks->ndim() == 1 && sinks->shape(0) == Hq, "sinks must be [Hq]");
@@ -287,6 +299,8 @@ void RaggedAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
   a.Hkv = kv_heads_;
   a.Dv = v.shape(1);
   a.S = slots.shape(1);
+  a.T = slots.shape(0);
+  a.R = meta.shape(0);
   a.rows_per_head = rows_per_head_;
   a.scale = scale_;
   a.window = window_;

@@ -21,6 +21,7 @@ from mlxserve.mlx_backend.cpu.blas_threads import AdaptiveBlasThreads
 from mlxserve.mlx_backend.kv.cache_view import BatchCaches, BatchContext
 from mlxserve.mlx_backend.kv.kv_pool import KVPool, StatePool
 from mlxserve.mlx_backend.kv.layer_layout import LayerLayout, probe_layout
+from mlxserve.mlx_backend.kv.packed_context import PackedBatchContext
 from mlxserve.mlx_backend.logits import LastTokenLogits, vocab_size
 from mlxserve.mlx_backend.logprobs import prompt_logprobs, prompt_positions, sampled_logprobs
 from mlxserve.mlx_backend.memory import plan_memory
@@ -74,8 +75,7 @@ class MLXExecutor:
         layer's path and size the pools."""
         self.layout = probe_layout(self.model)
         self.attention = plan_attention(self.model, self.layout)
-        specs = self.layout.attention
-        ragged = bool(specs) and self.attention.ragged_layers == {s.pool_index for s in specs}
+        ragged = self._all_ragged()
         plan = plan_memory(
             self.layout,
             request.max_total_tokens,
@@ -114,6 +114,16 @@ class MLXExecutor:
             plan.state_slots,
             plan.state_slots * layout.bytes_per_state_slot * mib,
         )
+
+    def _all_ragged(self) -> bool:
+        specs = self.layout.attention
+        return bool(specs) and self.attention.ragged_layers == {s.pool_index for s in specs}
+
+    @property
+    def packs_prefill(self) -> bool:
+        """Prefill batches run packed into one-token rows (``kv/packed_context.py``): every
+        attention layer is ragged and no layer is recurrent."""
+        return self.layout is not None and not self.layout.recurrent and self._all_ragged()
 
     def _start_threads(self) -> None:
         """OpenBLAS and the attention kernel share one thread count: both run parallel-fors
@@ -162,10 +172,12 @@ class MLXExecutor:
         # Rows that asked for prompt logprobs also project their prompt positions, in the
         # same head call as their group's last positions.
         prompt_at = prompt_positions(batch)
-        groups = batch.row_groups or (np.arange(batch.batch_size),)
+        packed = batch.phase == "prefill" and self.packs_prefill
+        groups = (np.arange(batch.batch_size),) if packed else batch.row_groups
+        groups = groups or (np.arange(batch.batch_size),)
         last, prompt, prompt_entries = [], [], []
         for rows in groups:
-            group_last, group_prompt, entries = self._forward_rows(batch, rows, prompt_at)
+            group_last, group_prompt, entries = self._forward_rows(batch, rows, prompt_at, packed)
             if len(groups) > 1:
                 # NOTE: one graph holding every group's forward evaluates slower than the
                 # forwards one after another (measured: a decode step of a 2,000-token row
@@ -197,11 +209,12 @@ class MLXExecutor:
         batch: ForwardBatch,
         rows: np.ndarray,
         prompt_at: tuple[np.ndarray, np.ndarray] | None,
+        packed: bool = False,
     ) -> tuple[mx.array, mx.array | None, np.ndarray | None]:
-        """One forward of ``rows``: the logits of their last positions and, when some of
-        them asked, of their prompt positions (with the indices of those entries in
-        ``prompt_at``)."""
-        ctx = BatchContext(batch, rows)
+        """One forward of ``rows`` (padded, or packed into one-token rows): the logits of
+        their last positions and, when some of them asked, of their prompt positions (with
+        the indices of those entries in ``prompt_at``)."""
+        ctx = PackedBatchContext(batch, rows) if packed else BatchContext(batch, rows)
         caches = BatchCaches(
             self.layout.specs, self.kv, self.states, ctx, self.attention.ragged_layers
         )
@@ -215,6 +228,10 @@ class MLXExecutor:
             entries = np.nonzero(local[prompt_at[0]] >= 0)[0]
             pick_rows = np.concatenate([pick_rows, local[prompt_at[0][entries]]])
             pick_positions = np.concatenate([pick_positions, prompt_at[1][entries]])
+        if packed:
+            # Row b's position i is packed row first[b] + i, of width 1.
+            pick_rows = ctx.packed_index(pick_rows, pick_positions)
+            pick_positions = np.zeros_like(pick_rows)
         logits = self.logits.at(
             ctx.input_ids,
             caches.caches,

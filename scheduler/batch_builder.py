@@ -39,10 +39,12 @@ def build_forward_batch(
     spaces: TokenSpaces,
     eos_token_ids: Collection[int] = (),
     ragged_attention: bool = False,
+    packed: bool = False,
 ) -> ForwardBatch:
     """Rows are ``(request, n)``: feed ``n`` tokens of the request from ``computed_len``.
     ``eos_token_ids`` are masked for rows still below their ``min_tokens``; with
-    ``ragged_attention`` decode rows are not split by context (nothing is padded)."""
+    ``ragged_attention`` decode rows are not split by context, and with ``packed`` no
+    rows are split at all (the backend packs them: nothing is padded)."""
     B, L = len(rows), max(n for _, n in rows)
     input_ids = np.zeros((B, L), np.int32)
     for i, (req, n) in enumerate(rows):
@@ -66,7 +68,9 @@ def build_forward_batch(
         fresh_rows=np.array([r.computed_len == 0 for r, _ in rows]),
         sample_rows=np.array([r.computed_len + n == r.seq_len for r, n in rows]),
         sampling=build_sampling_arrays(rows, eos_token_ids),
-        row_groups=_row_groups(extend_lens, ends, sliding_start, spaces, ragged_attention),
+        row_groups=()
+        if packed
+        else _row_groups(extend_lens, ends, sliding_start, spaces, ragged_attention),
     )
 
 

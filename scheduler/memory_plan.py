@@ -26,6 +26,12 @@ class MemoryPlan:
     ragged_attention: bool = False
 
     @property
+    def packed(self) -> bool:
+        """Rows of any length share one forward without padding (the backend packs them
+        into one-token rows): decode rows and prefill chunks run as one step."""
+        return self.ragged_attention and not self.recurrent
+
+    @property
     def recurrent(self) -> bool:
         """Recurrent layers cannot skip padding, so their prefill rows must be equal-length."""
         return self.state_slots > 0

@@ -77,6 +77,9 @@ class Scheduler:
         self._arrivals = 0
         self.budget = StepBudget(config.max_prefill_tokens)
         self._prefill_tokens = config.max_prefill_tokens
+        # Rows at the front of the in-flight batch that are decode rows (a packed prefill
+        # step carries them beside its chunks).
+        self._decode_in_flight = 0
 
     # ----------------------------------------------------------------- queue changes
     def add(self, req: Request) -> None:
@@ -126,7 +129,13 @@ class Scheduler:
         decoding = [r for r in self.running if r.pending_len == 1]
         prefill_pending = self.waiting or any(r.pending_len > 1 for r in self.running)
         batch = None
-        if prefill_pending and (not decoding or self._last_phase == "decode"):
+        if prefill_pending and self.plan.packed:
+            # One forward for both: the decoding rows and the prefill chunks beside them
+            # (with the pool short, the decode step below preempts first).
+            decode_rows = self._decode_rows(decoding)
+            if decode_rows or not decoding:
+                batch = self._schedule_prefill(decode_rows)
+        elif prefill_pending and (not decoding or self._last_phase == "decode"):
             batch = self._schedule_prefill()
         if batch is None and decoding:
             batch = self._schedule_decode()
@@ -139,10 +148,24 @@ class Scheduler:
         forwards = max(1, len(batch.row_groups))
         self.budget.observe(batch.phase, batch.num_tokens, forwards, seconds)
 
-    def _schedule_prefill(self) -> ForwardBatch | None:
-        rows: list[tuple[Request, int]] = []
-        decoding = any(r.pending_len == 1 for r in self.running)
-        self._prefill_tokens = self.budget.prefill_tokens(decoding)
+    def _decode_rows(self, decoding: list[Request]) -> list[tuple[Request, int]]:
+        """Decode rows to run beside prefill chunks, their slots allocated; empty when the
+        pool is short (the decode step then preempts, as ever)."""
+        if not decoding or self.cache.available() < len(decoding):
+            return []
+        for req in decoding:
+            self._alloc_slots(req, 1)
+        return [(r, 1) for r in decoding]
+
+    def _schedule_prefill(
+        self, decode_rows: list[tuple[Request, int]] | None = None
+    ) -> ForwardBatch | None:
+        """A prefill step: chunks of running prompts, then new requests, within the token
+        budget; ``decode_rows`` (packed backends) come first and share the forward."""
+        rows: list[tuple[Request, int]] = list(decode_rows or [])
+        self._decode_in_flight = len(rows)
+        decoding = len(rows) or sum(r.pending_len == 1 for r in self.running)
+        self._prefill_tokens = self.budget.prefill_tokens(decoding, self.plan.packed) + len(rows)
         short = int(self.cache.stop_short)
         for req in sorted(self.running, key=lambda r: r.arrival):
             if req.pending_len <= 1:
@@ -179,7 +202,9 @@ class Scheduler:
             if n:
                 self._alloc_slots(req, n)
                 rows.append((req, n))
-        return self._build_batch("prefill", rows) if rows else None
+        if len(rows) == self._decode_in_flight:
+            return self._build_batch("decode", rows) if rows else None
+        return self._build_batch("prefill", rows)
 
     def _chunk_len(self, rows: list[tuple[Request, int]], wanted: int) -> int | None:
         """Tokens the next row may feed in this prefill step: 0 to skip the row, None when
@@ -192,10 +217,10 @@ class Scheduler:
         wait (no padding may enter a state).
         """
         budget = self._prefill_tokens
-        if not rows:
-            return min(wanted, budget) or None
+        if len(rows) == self._decode_in_flight:
+            return min(wanted, budget - len(rows)) or None
         if self.plan.recurrent:
-            width = rows[0][1]
+            width = rows[0][1]  # never with decode rows beside: those are packed backends
             if (len(rows) + 1) * width > budget:
                 return None
             return width if wanted >= width else 0
@@ -239,16 +264,22 @@ class Scheduler:
             return None
         for req in decoding:
             self._alloc_slots(req, 1)
+        self._decode_in_flight = len(decoding)
         return self._build_batch("decode", [(r, 1) for r in decoding])
 
     def _build_batch(self, phase: str, rows: list[tuple[Request, int]]) -> ForwardBatch:
         self._in_flight = [r for r, _ in rows]
         batch = build_forward_batch(
-            phase, rows, self.spaces, self.eos_token_ids, self.plan.ragged_attention
+            phase,
+            rows,
+            self.spaces,
+            self.eos_token_ids,
+            self.plan.ragged_attention,
+            packed=self.plan.packed,
         )
         snapshots = []
         if phase == "prefill":
-            for req, n in rows:
+            for req, n in rows[self._decode_in_flight :]:
                 pair = self.cache.plan_snapshot(req, req.computed_len + n)
                 if pair is not None:
                     snapshots.append(pair)
@@ -277,7 +308,7 @@ class Scheduler:
             self.prompt_tokens_computed += min(req.computed_len, req.prompt_len) - before
             assert req.computed_len == req.allocated_len, (req.computed_len, req.allocated_len)
             self.spaces.trim_window(req)
-            if batch.phase == "prefill":
+            if batch.phase == "prefill" and i >= self._decode_in_flight:
                 self.cache.chunk_done(req)
             record_prompt_logprobs(req, out.prompt_logprobs, i)
             if not batch.sample_rows[i]:

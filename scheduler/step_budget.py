@@ -10,10 +10,12 @@ chunks made the inter-token latency p99 at concurrency 32 seven times its p50 (1
 ``1 + PREFILL_STEP_RATIO`` of its usual one.
 
 The cost model is the row groups' (``row_groups.py``): a forward costs its tokens plus a
-fixed ``FORWARD_OVERHEAD_TOKENS``, at a per-token time measured from recent prefill steps;
-the decode step time is measured too. Both are moving averages, so the budget follows the
-machine's load. Without decoding requests a prefill step takes the full
-``max_prefill_tokens``.
+fixed ``FORWARD_OVERHEAD_TOKENS``. When the backend packs rows (``MemoryPlan.packed``), the
+decode rows and the chunks share one forward, so the budget is counted in tokens alone:
+``D`` decode rows cost ``D + overhead`` and the chunks may add ``PREFILL_STEP_RATIO`` times
+that. Otherwise the prefill step is a forward of its own, timed against the decode step:
+both times are measured (moving averages, so the budget follows the machine's load). Without
+decoding requests a prefill step takes the full ``max_prefill_tokens``.
 """
 
 from __future__ import annotations
@@ -50,11 +52,18 @@ class StepBudget:
             per_token = seconds / (tokens + FORWARD_OVERHEAD_TOKENS * max(1, forwards))
             self.token_s = _average(self.token_s, per_token)
 
-    def prefill_tokens(self, decoding: bool) -> int:
-        """Real tokens the next prefill step may feed."""
-        if not decoding or self.decode_s is None or self.token_s is None:
+    def prefill_tokens(self, decode_rows: int, packed: bool = False) -> int:
+        """Prompt tokens the next prefill step may feed while ``decode_rows`` rows decode
+        (beside them in the same forward when ``packed``)."""
+        if decode_rows == 0:
             return self.max_prefill_tokens
-        fits = int(PREFILL_STEP_RATIO * self.decode_s / self.token_s) - FORWARD_OVERHEAD_TOKENS
+        if packed:
+            fits = int(PREFILL_STEP_RATIO * (decode_rows + FORWARD_OVERHEAD_TOKENS))
+        elif self.decode_s is None or self.token_s is None:
+            return self.max_prefill_tokens
+        else:
+            per_step = PREFILL_STEP_RATIO * self.decode_s / self.token_s
+            fits = int(per_step) - FORWARD_OVERHEAD_TOKENS
         return min(self.max_prefill_tokens, max(MIN_CHUNK_TOKENS, fits))
 
 

@@ -67,7 +67,10 @@ class TestChunkedPrefill:
 
 
 class TestRowGroups:
-    def test_mixed_lengths_run_as_separate_forwards_and_match(self, tiny_llama, make_engine):
+    def test_mixed_lengths_run_as_separate_forwards_and_match(
+        self, tiny_llama, make_engine, monkeypatch
+    ):
+        gather_attention(monkeypatch)  # a packed backend runs every prefill as one forward
         prompts = [[(3 * i + k) % 250 + 1 for i in range(n)] for k, n in enumerate([2, 60, 3, 45])]
         refs = [greedy_reference(tiny_llama.model, p, MAX_TOKENS) for p in prompts]
         engine = make_engine(tiny_llama, max_total_tokens=1024, max_prefill_tokens=256)
@@ -104,6 +107,33 @@ class TestRowGroups:
         outputs, _ = run_all(engine, prompts)
         assert groups and max(groups) == 1, f"ragged decode was split: {groups}"
         assert outputs == refs, "ragged decode must equal mlx-lm"
+
+
+class TestPackedSteps:
+    def test_mixed_prefill_and_decode_rows_run_packed_and_match(
+        self, tiny_llama, make_engine, monkeypatch
+    ):
+        """With ragged attention and no recurrent layer, prompts of any length and the
+        decoding rows beside them run as one forward of one-token rows."""
+        from mlxserve.mlx_backend import executor as executor_module
+
+        packed = []
+        real = executor_module.PackedBatchContext
+
+        def counting(batch, rows=None):
+            packed.append(int(batch.extend_lens.sum()))
+            return real(batch, rows)
+
+        monkeypatch.setattr(executor_module, "PackedBatchContext", counting)
+        prompts = [[(3 * i + k) % 250 + 1 for i in range(n)] for k, n in enumerate([2, 60, 3, 45])]
+        refs = [greedy_reference(tiny_llama.model, p, MAX_TOKENS) for p in prompts]
+        engine = make_engine(tiny_llama, max_total_tokens=1024, max_prefill_tokens=256)
+        if not engine.scheduler.plan.packed:
+            pytest.skip(f"native attention off: {engine.executor.attention.path}")
+        groups = spy_row_groups(engine)
+        outputs, _ = run_all(engine, prompts, late_index=3)
+        assert packed and max(groups) == 1, f"packed steps {packed}, groups {groups}"
+        assert outputs == refs, "packed steps must equal mlx-lm"
 
 
 class TestPreemption:

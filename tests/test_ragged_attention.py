@@ -53,7 +53,7 @@ def _case(
         used += n
     # Query l of row b sits at position start + count - q_len + l (its row's last keys).
     q_start = start + counts - q_len
-    meta = np.stack([counts, start, q_start, q_len], axis=1).astype(np.int32)
+    meta = native.padded_runs(counts, start, q_start, q_len, L)
     q = mx.array(rng.standard_normal((B, q_heads, L, dim), dtype=np.float32))
     sink = mx.array(rng.standard_normal(q_heads, dtype=np.float32)) if sinks else None
     scale = dim**-0.5
@@ -131,7 +131,8 @@ class TestPrefill:
         q = mx.array(rng.standard_normal((B, 2, L, 8), dtype=np.float32))
         pool = mx.array(rng.standard_normal((2 * 10, 8), dtype=np.float32))
         slots = mx.array(np.array([[1, 2, 3, 4, 5], [6, 7, 0, 0, 0]], np.int32))
-        meta = mx.array(np.array([[5, 0, 0, 5], [2, 0, 0, 2]], np.int32))
+        counts = np.array([5, 2])
+        meta = mx.array(native.padded_runs(counts, 0 * counts, 0 * counts, counts, L))
         out = native.ragged_attention(
             q, pool, pool, slots, meta, None, scale=1.0, window=0, kv_heads=2, rows_per_head=10
         )
@@ -159,7 +160,8 @@ class TestRejects:
         q = mx.array(rng.standard_normal((1, 2, 1, 8), dtype=np.float32))
         pool = mx.zeros((2 * 10, 8))
         slots = mx.array(np.array([[3, 10]], np.int32))  # 10 is past rows_per_head
-        meta = mx.array(np.array([[2, 0, 1, 1]], np.int32))
+        one = np.array([1])
+        meta = mx.array(native.padded_runs(2 * one, 0 * one, one, one, 1))
         out = native.ragged_attention(
             q, pool, pool, slots, meta, None, scale=1.0, window=0, kv_heads=2, rows_per_head=10
         )
@@ -170,7 +172,7 @@ class TestRejects:
         q = mx.zeros((1, 3, 1, 8))
         pool = mx.zeros((20, 8))
         slots = mx.zeros((1, 2), mx.int32)
-        meta = mx.zeros((1, 4), mx.int32)
+        meta = mx.zeros((1, 6), mx.int32)
         with pytest.raises(ValueError, match="multiple of KV heads"):
             native.ragged_attention(
                 q, pool, pool, slots, meta, None, scale=1.0, window=0, kv_heads=2, rows_per_head=10

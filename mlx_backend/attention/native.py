@@ -99,7 +99,7 @@ def _self_test(module: ModuleType) -> str | None:
     slots = np.zeros((2, int(lens.max())), np.int32)
     for b, n in enumerate(lens):
         slots[b, :n] = rng.permutation(np.arange(1, size))[:n]
-    meta = np.stack([lens, np.zeros(2, np.int32), lens - q_len, q_len], axis=1)
+    meta = padded_runs(lens, np.zeros(2, np.int32), lens - q_len, q_len, L)
     q = mx.array(rng.standard_normal((2, 2 * heads, L, dim), dtype=np.float32))
     with mx.stream(mx.cpu):
         out = module.ragged_attention(
@@ -147,8 +147,10 @@ def ragged_attention(
         queries: float32 ``[B, Hq, L, Dk]``.
         k_pool, v_pool: float32 flat head-major pools ``[kv_heads * rows_per_head, D]``.
         slots: int32 ``[B, S]``: the slot of each row's key column.
-        meta: int32 ``[B, 4]``: per row key count, position of key column 0, position of
-            query 0, real queries (the rest are padding and get zeros).
+        meta: int32 ``[R, 6]``: runs of queries (``padded_runs``, ``csrc/attention_kernel.h``):
+            slots row, key count, position of key column 0, position of the first query,
+            queries, index of the first query in ``B * L``; queries no run covers are
+            padding and get zeros.
         sinks: ``[Hq]`` extra logits (gpt-oss) or None.
         scale: the score scale.
         window: sliding window (keys at positions ``> p - window``), 0 for none.
@@ -174,6 +176,33 @@ def ragged_attention(
         kv_heads=kv_heads,
         rows_per_head=rows_per_head,
     )
+
+
+def padded_runs(
+    key_count: np.ndarray,
+    key_start: np.ndarray,
+    q_start: np.ndarray,
+    q_len: np.ndarray,
+    L: int,
+    slot_rows: np.ndarray | None = None,
+    q_first: np.ndarray | None = None,
+) -> np.ndarray:
+    """The op's ``meta`` for one run per row: row ``b``'s queries are ``b * L ..`` (a
+    padded ``[B, L]`` batch) over slots row ``b``, unless ``q_first``/``slot_rows`` say
+    otherwise (a packed batch of one-token rows: consecutive rows, one slots row)."""
+    B = len(key_count)
+    rows = np.arange(B, dtype=np.int32)
+    return np.stack(
+        [
+            rows if slot_rows is None else slot_rows,
+            key_count,
+            key_start,
+            q_start,
+            q_len,
+            rows * L if q_first is None else q_first,
+        ],
+        axis=1,
+    ).astype(np.int32)
 
 
 def set_threads(n: int) -> None:

@@ -9,6 +9,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import ArraysCache, CacheList
 
+from mlxserve.mlx_backend.attention.native import padded_runs
 from mlxserve.mlx_backend.kv.kv_pool import FlatRows, KVPool, StatePool
 from mlxserve.mlx_backend.kv.layer_layout import CacheSpec
 from mlxserve.scheduler.batch import ForwardBatch
@@ -120,16 +121,13 @@ class BatchContext:
         return None
 
     def ragged(self, space: str) -> tuple[mx.array, mx.array]:
-        """``(slots [B, S], meta [B, 4])`` of one space for the ragged attention op: each
-        row's key slots and (key count, position of key column 0, position of query 0,
-        real queries)."""
+        """``(slots [B, S], meta [B, 6])`` of one space for the ragged attention op: each
+        row's key slots and its run of queries (``attention.native.padded_runs``)."""
         index = self.spaces[space]
         if index.ragged is None:
-            meta = np.stack([index.key_count, index.key_start, self.q_start, self.q_len], 1)
-            index.ragged = (
-                mx.array(index.read_slots.astype(np.int32)),
-                mx.array(meta.astype(np.int32)),
-            )
+            L = int(self.input_ids.shape[1])
+            meta = padded_runs(index.key_count, index.key_start, self.q_start, self.q_len, L)
+            index.ragged = (mx.array(index.read_slots.astype(np.int32)), mx.array(meta))
         return index.ragged
 
 
