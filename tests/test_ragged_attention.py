@@ -34,8 +34,11 @@ def _case(
     key_start: list[int] | None = None,
     sinks: bool = False,
     rows: int | None = None,
+    packed: bool = False,
 ) -> tuple[mx.array, mx.array]:
-    """(op output, reference) over the real queries of every row (padded ones zeroed)."""
+    """(op output, reference) over the real queries of every row (padded ones zeroed).
+    ``packed``: the queries go to the op as one-token rows (``PackedBatchContext``'s
+    layout) and the output is put back in the padded layout to compare."""
     v_dim = v_dim or dim
     B = len(key_counts)
     counts = np.array(key_counts, np.int32)
@@ -57,18 +60,40 @@ def _case(
     q = mx.array(rng.standard_normal((B, q_heads, L, dim), dtype=np.float32))
     sink = mx.array(rng.standard_normal(q_heads, dtype=np.float32)) if sinks else None
     scale = dim**-0.5
-    out = native.ragged_attention(
-        q,
-        k,
-        v,
-        mx.array(slots),
-        mx.array(meta),
-        sink,
-        scale=scale,
-        window=window,
-        kv_heads=kv_heads,
-        rows_per_head=rows,
-    )
+    if packed:
+        first = (np.cumsum(q_len) - q_len).astype(np.int32)
+        meta = native.padded_runs(counts, start, q_start, q_len, 1, q_first=first)
+        owner = np.repeat(np.arange(B), q_len)
+        pos = np.arange(int(q_len.sum())) - first[owner]
+        q_packed = q[mx.array(owner), :, mx.array(pos)][:, :, None, :]
+        flat_out = native.ragged_attention(
+            q_packed,
+            k,
+            v,
+            mx.array(slots),
+            mx.array(meta),
+            sink,
+            scale=scale,
+            window=window,
+            kv_heads=kv_heads,
+            rows_per_head=rows,
+        )
+        padded = np.zeros((B, q_heads, L, v_dim), np.float32)
+        padded[owner, :, pos] = np.array(flat_out)[:, :, 0]
+        out = mx.array(padded)
+    else:
+        out = native.ragged_attention(
+            q,
+            k,
+            v,
+            mx.array(slots),
+            mx.array(meta),
+            sink,
+            scale=scale,
+            window=window,
+            kv_heads=kv_heads,
+            rows_per_head=rows,
+        )
     flat = mx.array((np.arange(kv_heads)[:, None, None] * rows + slots[None]).astype(np.int32))
     keys, values = k[flat].swapaxes(0, 1), v[flat].swapaxes(0, 1)
     k_pos = start[:, None, None, None] + np.arange(S)[None, None, None, :]
@@ -139,6 +164,18 @@ class TestPrefill:
         padded = np.array(out)[1, :, 2:]
         assert np.all(padded == 0), "queries past a row's length must come out as zeros"
         assert np.all(np.isfinite(np.array(out))), "no NaN anywhere"
+
+
+class TestPackedRuns:
+    def test_one_token_rows_sharing_a_slots_row(self, rng):
+        """A packed batch: a 5-token chunk after 30 cached tokens as 5 one-token rows over
+        one slots row, then a decode row: equal to the same chunk as one padded row."""
+        out, ref = _case(rng, [35, 12], [5, 1], q_heads=4, kv_heads=2, packed=True)
+        assert _max_diff(out, ref) < TOLERANCE, _max_diff(out, ref)
+
+    def test_long_chunk_packed_with_a_window(self, rng):
+        out, ref = _case(rng, [700, 40], [300, 1], q_heads=6, kv_heads=2, window=64, packed=True)
+        assert _max_diff(out, ref) < TOLERANCE, _max_diff(out, ref)
 
 
 class TestSlidingWindow:
