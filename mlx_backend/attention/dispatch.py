@@ -177,9 +177,9 @@ def plan_attention(model: nn.Module, layout: LayerLayout) -> AttentionPlan:
     cache reaching ``scaled_dot_product_attention`` with float32 queries.
     """
     specs = layout.attention
-    status = native.native_status()
-    if mx.default_device() != mx.cpu:
+    if mx.default_device().type != mx.cpu:
         return AttentionPlan(frozenset(), "MLX SDPA over gathered K/V (MLX runs on the GPU)")
+    status = native.native_status()
     if not status.active:
         return AttentionPlan(frozenset(), f"MLX SDPA over gathered K/V ({status.reason})")
     install_dispatch(model)
