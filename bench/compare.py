@@ -1,11 +1,14 @@
-"""mlxserve vs mlx_lm.server on the same model: a concurrency sweep, the docs, a chart.
+"""mlxserve vs its peers on the same model: a concurrency sweep, the docs, a chart.
 
-Runs the forward ceiling (:mod:`bench.forward_ceiling`) first, then for each concurrency level
-(and round) starts each server in turn -- never both at once -- waits for ``/health``, warms
-it up, runs :func:`bench.loadgen.run_level` and stops it; the order alternates from level to
-level. mlx_lm.server runs through ``bench/run_mlx_lm_server.py`` so it gets mlxserve's BLAS
-and (when mlxserve dequantizes) the same float32 weights. Writes the raw results as JSON and
-renders ``docs/benchmarks.md`` and ``docs/benchmarks.png`` (:mod:`bench.report`).
+The peers: mlx_lm.server of this venv (0.32), and from a venv the bench sets up itself
+(:mod:`bench.peers`) vllm-mlx 0.6.0 (``--continuous-batching``) and mlx_lm.server 0.31
+(``--peers`` picks). Runs the forward ceiling (:mod:`bench.forward_ceiling`) first, then for
+each concurrency level (and round) starts each server in turn -- never two at once -- waits
+for ``/health``, warms it up, runs :func:`bench.loadgen.run_level` and stops it; the order
+rotates from level to level. Every peer gets mlxserve's BLAS and (when mlxserve dequantizes)
+the same float32 weights (``bench/run_mlx_lm_server.py``, ``bench/run_peer_server.py``).
+Writes the raw results as JSON and renders ``docs/benchmarks.md`` and ``docs/benchmarks.png``
+(:mod:`bench.report`).
 
 Every loop is bounded: request counts per level, a wall-clock cap per level, start and stop
 timeouts per server. All traffic goes to 127.0.0.1. Example::
@@ -23,6 +26,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -37,7 +41,7 @@ import httpx
 if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import _env, report
+from bench import _env, peers, report
 from bench.corpus import LENGTHS
 from bench.loadgen import requests_for, run_level, warmup
 
@@ -56,8 +60,16 @@ class Server:
         log_path: where its stdout and stderr go.
     """
 
-    def __init__(self, name: str, cmd: list[str], port: int, log_path: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        cmd: list[str],
+        port: int,
+        log_path: Path,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.name, self.cmd, self.port, self.log_path = name, cmd, port, log_path
+        self.env = env
         self.proc: subprocess.Popen[bytes] | None = None
         self.base_url = f"http://{HOST}:{port}/v1"
 
@@ -68,7 +80,9 @@ class Server:
         log.write(f"\n=== {datetime.datetime.now()} {shlex.join(self.cmd)}\n".encode())
         log.flush()
         t0 = time.monotonic()
-        self.proc = subprocess.Popen(self.cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            self.cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=self.env
+        )
         log.close()
         while time.monotonic() - t0 < timeout_s:
             if self.proc.poll() is not None:
@@ -96,7 +110,7 @@ class Server:
 
     def model_name(self) -> str:
         """The ``model`` field to send: mlxserve's served id, or mlx_lm's ``default_model``."""
-        if self.name == report.PEER:
+        if self.name in (report.PEER, peers.MLX_LM_OLD):
             return "default_model"
         data = httpx.get(f"{self.base_url}/models", timeout=10.0).json()
         return data["data"][0]["id"]
@@ -131,7 +145,25 @@ def server_commands(args: argparse.Namespace, port: int) -> dict[str, list[str]]
     peer = [PY, str(ROOT / "bench" / "run_mlx_lm_server.py"), "--model", str(args.model)]
     peer += ["--dequantize", args.peer_dequantize, "--host", HOST, "--port", str(port)]
     peer += ["--decode-concurrency", batch, "--prompt-concurrency", str(args.prompt_concurrency)]
-    return {report.OURS: ours, report.PEER: peer}
+    cmds = {report.OURS: ours, report.PEER: peer}
+    wanted = [p for p in args.peers if p != report.PEER]
+    if wanted:
+        python = peers.ensure_venv()
+        model = float32_model(args)
+        extra = peers.peer_commands(
+            python, model, HOST, port, args.max_running_requests, args.prompt_concurrency
+        )
+        cmds.update({name: extra[name] for name in wanted})
+    return {name: cmds[name] for name in [report.OURS, *args.peers]}
+
+
+def float32_model(args: argparse.Namespace) -> str:
+    """The model directory the other venv's peers serve: the float32 copy when mlxserve
+    dequantizes (written once by ``bench/run_mlx_lm_server.py --prepare-only``)."""
+    cmd = [PY, str(ROOT / "bench" / "run_mlx_lm_server.py"), "--model", str(args.model)]
+    cmd += ["--dequantize", args.peer_dequantize, "--prepare-only"]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True, timeout=900)
+    return out.stdout.strip().splitlines()[-1]
 
 
 def run_ceiling(args: argparse.Namespace, levels: list[int]) -> dict[str, Any]:
@@ -221,16 +253,22 @@ def sweep(args: argparse.Namespace, levels: list[int], results: dict[str, Any]) 
     cmds = server_commands(args, port)
     logs = args.out_dir / "logs"
     results["meta"]["ours_cmd"] = shlex.join(cmds[report.OURS])
-    results["meta"]["peer_cmd"] = shlex.join(cmds[report.PEER])
+    results["meta"]["peer_cmd"] = shlex.join(cmds.get(report.PEER, []))
+    results["meta"]["peer_cmds"] = {n: shlex.join(c) for n, c in cmds.items() if n != report.OURS}
     step = 0
+    names = list(cmds)
     for rnd in range(args.rounds):
         for i, c in enumerate(levels):
-            order = [report.OURS, report.PEER]
-            if (i + rnd) % 2:
-                order.reverse()
+            k = (i + rnd) % len(names)
+            order = names[k:] + names[:k]
             n = requests_for(c, args.requests_per_level, args.min_requests)
             for name in order:
-                server = Server(name, cmds[name], port, logs / f"{name}.log")
+                env = home = None
+                if name in (peers.VLLM_MLX, peers.MLX_LM_OLD):
+                    home = peers.throwaway_home()
+                    env = peers.peer_env(home)
+                log = logs / f"{name.replace(' ', '_')}.log"
+                server = Server(name, cmds[name], port, log, env)
                 try:
                     started = server.start(args.start_timeout)
                     model = server.model_name()
@@ -249,6 +287,8 @@ def sweep(args: argparse.Namespace, levels: list[int], results: dict[str, Any]) 
                     )
                 finally:
                     server.stop()
+                    if home is not None:
+                        shutil.rmtree(home, ignore_errors=True)
                 step += 1
                 row = asdict(stats) | {"round": rnd, "start_s": started}
                 results["servers"].setdefault(name, []).append(row)
@@ -292,6 +332,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="mlx_lm.server's --prompt-concurrency (its default is 8)",
     )
     p.add_argument("--peer-dequantize", choices=("auto", "on", "off"), default="auto")
+    p.add_argument(
+        "--peers",
+        nargs="+",
+        choices=report.PEERS,
+        default=list(report.PEERS),
+        help="peers to run (the last two from the venv bench/peers.py sets up)",
+    )
     p.add_argument("--ceiling-steps", type=int, default=32, help="decode steps (0: --max-tokens)")
     p.add_argument("--ceiling-repeats", type=int, default=2)
     p.add_argument("--no-ceiling", dest="ceiling", action="store_false")
@@ -384,10 +431,10 @@ def describe_weights(args: argparse.Namespace) -> str:
 
 def notes(args: argparse.Namespace) -> list[str]:
     """What the servers' logs say about BLAS and dequantization, and known caveats."""
-    words = ("blas", "dequantiz", "kept quantized")
+    words = ("blas", "dequantiz", "kept quantized", "attention")
     out = []
-    for name in (report.OURS, report.PEER):
-        lines = log_lines(args.out_dir / "logs" / f"{name}.log", words)
+    for name in (report.OURS, *args.peers):
+        lines = log_lines(args.out_dir / "logs" / f"{name.replace(' ', '_')}.log", words)
         out.append(f"{name} log: " + ("; ".join(lines) if lines else "no BLAS/dequantize line"))
     out += [
         "mlx_lm.server runs through `bench/run_mlx_lm_server.py` with a listen backlog of 128: "
@@ -406,6 +453,11 @@ def notes(args: argparse.Namespace) -> list[str]:
         "throughput and TTFT within 10%.",
         "Decode tok/s '-': a request of the first wave failed, or the wave never decoded "
         "all at once.",
+        "vllm-mlx 0.6.0 and mlx_lm.server 0.31 run from bench/.peer-venv (bench/peers.py: "
+        "mlx[cpu], mlx-lm>=0.31.3,<0.32, vllm-mlx --no-deps plus what its text server imports), "
+        "each with a throwaway HOME (vllm-mlx persists its prefix cache under ~/.cache), the "
+        "float32 copy of the model and mlxserve's OpenBLAS shim (bench/run_peer_server.py); "
+        "vllm-mlx with --continuous-batching --max-num-seqs 32.",
     ]
     return out
 

@@ -77,6 +77,8 @@ def run(
         out = forward(batch)
         groups = list(batch.row_groups) or [np.arange(batch.batch_size)]
         computed = padded_area(batch.extend_lens, groups)
+        if batch.phase == "prefill" and getattr(engine.executor, "packs_prefill", False):
+            computed = batch.num_tokens  # one forward of one-token rows: nothing padded
         steps.append(
             (
                 batch.phase,

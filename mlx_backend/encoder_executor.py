@@ -13,8 +13,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
-from mlxserve.mlx_backend.cpu.blas import adaptive_thread_control
-from mlxserve.mlx_backend.cpu.blas_threads import shared_blas_threads
+from mlxserve.mlx_backend.cpu.thread_policy import cpu_thread_policy
 from mlxserve.scheduler.memory_plan import MemoryStats
 
 
@@ -52,7 +51,7 @@ class MLXEncoderExecutor:
         self.pooling = pooling
         # As for the decoders (the same process-wide policy): fewer OpenBLAS threads while
         # other processes keep CPUs busy.
-        self.blas_threads = shared_blas_threads(adaptive_thread_control)
+        self.blas_threads = cpu_thread_policy()
 
     def materialize(self) -> None:
         # NOTE: MLX streams are per thread: every lazy array of the model is evaluated on

@@ -6,6 +6,7 @@ batches in, numpy tokens out; MLX arrays never leave this package.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 
@@ -14,11 +15,13 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
-from mlxserve.mlx_backend.cpu.blas import adaptive_thread_control
-from mlxserve.mlx_backend.cpu.blas_threads import AdaptiveBlasThreads, shared_blas_threads
+from mlxserve.mlx_backend.attention.dispatch import AttentionPlan, plan_attention
+from mlxserve.mlx_backend.cpu.blas_threads import AdaptiveBlasThreads
+from mlxserve.mlx_backend.cpu.thread_policy import cpu_thread_policy
 from mlxserve.mlx_backend.kv.cache_view import BatchCaches, BatchContext
 from mlxserve.mlx_backend.kv.kv_pool import KVPool, StatePool
 from mlxserve.mlx_backend.kv.layer_layout import LayerLayout, probe_layout
+from mlxserve.mlx_backend.kv.packed_context import PackedBatchContext
 from mlxserve.mlx_backend.logits import LastTokenLogits, vocab_size
 from mlxserve.mlx_backend.logprobs import prompt_logprobs, prompt_positions, sampled_logprobs
 from mlxserve.mlx_backend.memory import plan_memory
@@ -50,6 +53,7 @@ class MLXExecutor:
         self.sampler: Sampler | None = None
         self.logits: LastTokenLogits | None = None
         self.blas_threads: AdaptiveBlasThreads | None = None
+        self.attention: AttentionPlan | None = None
         self._vocab_size = 0
 
     @property
@@ -67,9 +71,12 @@ class MLXExecutor:
         mx.eval([a for _, a in tree_flatten(self.model) if isinstance(a, mx.array)])
 
     def plan(self, request: PoolRequest) -> MemoryPlan:
-        """Probe the model's caches (one token through mlx-lm's own) and size the pools."""
+        """Probe the model's caches (one token through mlx-lm's own), decide each attention
+        layer's path and size the pools."""
         self.layout = probe_layout(self.model)
-        return plan_memory(
+        self.attention = plan_attention(self.model, self.layout)
+        ragged = self._all_ragged()
+        plan = plan_memory(
             self.layout,
             request.max_total_tokens,
             request.max_running_requests,
@@ -79,6 +86,7 @@ class MLXExecutor:
             prefix_cache=request.prefix_cache,
             memory_bytes=request.memory_bytes,
         )
+        return dataclasses.replace(plan, ragged_attention=ragged)
 
     def allocate(self, plan: MemoryPlan) -> None:
         if self.layout is None:
@@ -89,7 +97,12 @@ class MLXExecutor:
         self.sampler = Sampler(self.seed)
         self.logits = LastTokenLogits(self.model)
         self._vocab_size = vocab_size(self.model)
-        self.blas_threads = shared_blas_threads(adaptive_thread_control)
+        if self.attention is None:
+            self.attention = plan_attention(self.model, layout)
+        self.blas_threads = cpu_thread_policy()
+        logger.info("attention: %s", self.attention.path)
+        for index, why in sorted(self.attention.fallbacks.items()):
+            logger.info("attention layer %d keeps MLX's SDPA over gathered K/V: %s", index, why)
         mib = 2**-20
         logger.info(
             "KV pools: %d full-attention slots (%.1f MiB), %d sliding-window slots "
@@ -102,6 +115,16 @@ class MLXExecutor:
             plan.state_slots,
             plan.state_slots * layout.bytes_per_state_slot * mib,
         )
+
+    def _all_ragged(self) -> bool:
+        specs = self.layout.attention
+        return bool(specs) and self.attention.ragged_layers == {s.pool_index for s in specs}
+
+    @property
+    def packs_prefill(self) -> bool:
+        """Prefill batches run packed into one-token rows (``kv/packed_context.py``): every
+        attention layer is ragged and no layer is recurrent."""
+        return self.layout is not None and not self.layout.recurrent and self._all_ragged()
 
     def memory(self) -> MemoryStats:
         return MemoryStats(mx.get_active_memory(), mx.get_peak_memory(), mx.get_cache_memory())
@@ -135,10 +158,14 @@ class MLXExecutor:
         # Rows that asked for prompt logprobs also project their prompt positions, in the
         # same head call as their group's last positions.
         prompt_at = prompt_positions(batch) if sample else None
-        groups = batch.row_groups or (np.arange(batch.batch_size),)
+        packed = batch.phase == "prefill" and self.packs_prefill
+        groups = (np.arange(batch.batch_size),) if packed else batch.row_groups
+        groups = groups or (np.arange(batch.batch_size),)
         parts = []
         for rows in groups:
-            part = self._forward_rows(batch, rows, prompt_at, sample, embed_rows is not None)
+            part = self._forward_rows(
+                batch, rows, prompt_at, sample, embed_rows is not None, packed
+            )
             if len(groups) > 1:
                 # NOTE: one graph holding every group's forward evaluates slower than the
                 # forwards one after another (measured: a decode step of a 2,000-token row
@@ -182,12 +209,16 @@ class MLXExecutor:
         prompt_at: tuple[np.ndarray, np.ndarray] | None,
         sample: bool = True,
         embed: bool = False,
+        packed: bool = False,
     ) -> _GroupOutput:
-        """One forward of ``rows``: the logits of their last positions (with ``sample``)
-        and, when some of them asked, of their prompt positions (with the indices of those
-        entries in ``prompt_at``); with ``embed`` the last positions' hidden states too."""
-        ctx = BatchContext(batch, rows)
-        caches = BatchCaches(self.layout.specs, self.kv, self.states, ctx)
+        """One forward of ``rows`` (padded, or packed into one-token rows): the logits of
+        their last positions (with ``sample``) and, when some of them asked, of their
+        prompt positions (with the indices of those entries in ``prompt_at``); with
+        ``embed`` the last positions' hidden states too."""
+        ctx = PackedBatchContext(batch, rows) if packed else BatchContext(batch, rows)
+        caches = BatchCaches(
+            self.layout.specs, self.kv, self.states, ctx, self.attention.ragged_layers
+        )
         n = len(rows)
         pick_rows = np.arange(n)
         pick_positions = batch.extend_lens[rows] - 1
@@ -198,6 +229,10 @@ class MLXExecutor:
             entries = np.nonzero(local[prompt_at[0]] >= 0)[0]
             pick_rows = np.concatenate([pick_rows, local[prompt_at[0][entries]]])
             pick_positions = np.concatenate([pick_positions, prompt_at[1][entries]])
+        if packed:
+            # Row b's position i is packed row first[b] + i, of width 1.
+            pick_rows = ctx.packed_index(pick_rows, pick_positions)
+            pick_positions = np.zeros_like(pick_rows)
         picks = (
             ctx.input_ids,
             caches.caches,

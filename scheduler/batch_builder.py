@@ -38,9 +38,13 @@ def build_forward_batch(
     rows: list[tuple[Request, int]],
     spaces: TokenSpaces,
     eos_token_ids: Collection[int] = (),
+    ragged_attention: bool = False,
+    packed: bool = False,
 ) -> ForwardBatch:
     """Rows are ``(request, n)``: feed ``n`` tokens of the request from ``computed_len``.
-    ``eos_token_ids`` are masked for rows still below their ``min_tokens``."""
+    ``eos_token_ids`` are masked for rows still below their ``min_tokens``; with
+    ``ragged_attention`` decode rows are not split by context, and with ``packed`` no
+    rows are split at all (the backend packs them: nothing is padded)."""
     B, L = len(rows), max(n for _, n in rows)
     input_ids = np.zeros((B, L), np.int32)
     for i, (req, n) in enumerate(rows):
@@ -66,18 +70,27 @@ def build_forward_batch(
         fresh_rows=np.array([r.computed_len == 0 for r, _ in rows]),
         sample_rows=sample_rows,
         sampling=build_sampling_arrays(rows, eos_token_ids),
-        row_groups=_row_groups(extend_lens, ends, sliding_start, spaces),
+        row_groups=()
+        if packed
+        else _row_groups(extend_lens, ends, sliding_start, spaces, ragged_attention),
         embed_rows=embed_rows if embed_rows.any() else None,
     )
 
 
 def _row_groups(
-    extend_lens: np.ndarray, ends: np.ndarray, sliding_start: np.ndarray, spaces: TokenSpaces
+    extend_lens: np.ndarray,
+    ends: np.ndarray,
+    sliding_start: np.ndarray,
+    spaces: TokenSpaces,
+    ragged_attention: bool,
 ) -> tuple[np.ndarray, ...]:
-    """The step's forwards: prefill rows grouped by tokens fed, decode rows by the context
-    their attention reads (the full space's when the model has one); ``()`` is one forward."""
+    """The step's forwards: prefill rows grouped by tokens fed (the dense layers pad every
+    row to the longest), decode rows by the context their attention reads (the full
+    space's when the model has one) unless attention is ragged; ``()`` is one forward."""
     if int(extend_lens.max()) > 1:
         groups = plan_row_groups(extend_lens)
+    elif ragged_attention:
+        return ()  # decode feeds one token per row and attention reads each row's own keys
     elif spaces.full is not None:
         groups = plan_decode_groups(ends)
     elif spaces.sliding is not None:

@@ -288,6 +288,7 @@ class Engine:
             self._requests[request_id].stats.mark_scheduled(now)
         try:
             out = self.executor.forward(batch)
+            sched.observe_step(batch, time.monotonic() - now)
         except Exception as e:
             logger.exception("forward failed; failing %d requests", batch.batch_size)
             for req in sched.fail_in_flight():

@@ -15,6 +15,9 @@ class MemoryPlan:
         window: the widest sliding window (None without sliding layers).
         state_slots: recurrent-state slots (0: no recurrent layer).
         pool_bytes: the memory all the pools take (0: not known).
+        ragged_attention: every attention layer reads each row's own keys in place (the
+            backend's native op), so a decode row costs its own context, not the batch's
+            longest: decode rows need no split by context (``row_groups.py``).
     """
 
     full_tokens: int
@@ -22,6 +25,13 @@ class MemoryPlan:
     window: int | None = None
     state_slots: int = 0
     pool_bytes: int = 0
+    ragged_attention: bool = False
+
+    @property
+    def packed(self) -> bool:
+        """Rows of any length share one forward without padding (the backend packs them
+        into one-token rows): decode rows and prefill chunks run as one step."""
+        return self.ragged_attention and not self.recurrent
 
     @property
     def recurrent(self) -> bool:

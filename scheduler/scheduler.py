@@ -18,6 +18,7 @@ from mlxserve.scheduler.memory_plan import MemoryPlan
 from mlxserve.scheduler.outputs import FinishReason, RequestOutput
 from mlxserve.scheduler.prefix_cache import PrefixCache
 from mlxserve.scheduler.request import Request, RequestStatus
+from mlxserve.scheduler.step_budget import StepBudget
 from mlxserve.scheduler.token_spaces import TokenSpaces
 
 logger = logging.getLogger(__name__)
@@ -35,7 +36,8 @@ class Scheduler:
     ``max_prefill_tokens`` real tokens) or a decode step (one token for every running
     request whose prompt is fully in the pool). While both kinds of work exist the two
     alternate, so a long prompt arriving never stalls running streams for more than one
-    chunk.
+    chunk, and a prefill step that runs between decode steps is sized by a time budget
+    (``step_budget.py``) so that it delays the decoding streams by a bounded factor.
 
     For models with recurrent layers every row of a prefill step feeds the same number of
     tokens: a padding token must never enter a recurrent state, and unmodified model code
@@ -73,6 +75,11 @@ class Scheduler:
         self._in_flight: list[Request] = []
         self._last_phase = "decode"
         self._arrivals = 0
+        self.budget = StepBudget(config.max_prefill_tokens)
+        self._prefill_tokens = config.max_prefill_tokens
+        # Rows at the front of the in-flight batch that are decode rows (a packed prefill
+        # step carries them beside its chunks).
+        self._decode_in_flight = 0
 
     # ----------------------------------------------------------------- queue changes
     def add(self, req: Request) -> None:
@@ -128,7 +135,13 @@ class Scheduler:
         decoding = [r for r in self.running if r.pending_len == 1]
         prefill_pending = self.waiting or any(r.pending_len > 1 for r in self.running)
         batch = None
-        if prefill_pending and (not decoding or self._last_phase == "decode"):
+        if prefill_pending and self.plan.packed:
+            # One forward for both: the decoding rows and the prefill chunks beside them
+            # (with the pool short, the decode step below preempts first).
+            decode_rows = self._decode_rows(decoding)
+            if decode_rows or not decoding:
+                batch = self._schedule_prefill(decode_rows)
+        elif prefill_pending and (not decoding or self._last_phase == "decode"):
             batch = self._schedule_prefill()
         if batch is None and decoding:
             batch = self._schedule_decode()
@@ -136,8 +149,29 @@ class Scheduler:
             self._last_phase = batch.phase
         return batch
 
-    def _schedule_prefill(self) -> ForwardBatch | None:
-        rows: list[tuple[Request, int]] = []
+    def observe_step(self, batch: ForwardBatch, seconds: float) -> None:
+        """Record how long ``batch``'s forward took (it sizes later prefill steps)."""
+        forwards = max(1, len(batch.row_groups))
+        self.budget.observe(batch.phase, batch.num_tokens, forwards, seconds)
+
+    def _decode_rows(self, decoding: list[Request]) -> list[tuple[Request, int]]:
+        """Decode rows to run beside prefill chunks, their slots allocated; empty when the
+        pool is short (the decode step then preempts, as ever)."""
+        if not decoding or self.cache.available() < len(decoding):
+            return []
+        for req in decoding:
+            self._alloc_slots(req, 1)
+        return [(r, 1) for r in decoding]
+
+    def _schedule_prefill(
+        self, decode_rows: list[tuple[Request, int]] | None = None
+    ) -> ForwardBatch | None:
+        """A prefill step: chunks of running prompts, then new requests, within the token
+        budget; ``decode_rows`` (packed backends) come first and share the forward."""
+        rows: list[tuple[Request, int]] = list(decode_rows or [])
+        self._decode_in_flight = len(rows)
+        decoding = len(rows) or sum(r.pending_len == 1 for r in self.running)
+        self._prefill_tokens = self.budget.prefill_tokens(decoding, self.plan.packed) + len(rows)
         short = int(self.cache.stop_short)
         for req in sorted(self.running, key=lambda r: r.arrival):
             if req.pending_len <= 1:
@@ -174,7 +208,9 @@ class Scheduler:
             if n:
                 self._alloc_slots(req, n)
                 rows.append((req, n))
-        return self._build_batch("prefill", rows) if rows else None
+        if len(rows) == self._decode_in_flight:
+            return self._build_batch("decode", rows) if rows else None
+        return self._build_batch("prefill", rows)
 
     def _chunk_len(self, rows: list[tuple[Request, int]], wanted: int) -> int | None:
         """Tokens the next row may feed in this prefill step: 0 to skip the row, None when
@@ -186,11 +222,11 @@ class Scheduler:
         later chunks). With recurrent layers the first row fixes the width and shorter rows
         wait (no padding may enter a state).
         """
-        budget = self.config.max_prefill_tokens
-        if not rows:
-            return min(wanted, budget) or None
+        budget = self._prefill_tokens
+        if len(rows) == self._decode_in_flight:
+            return min(wanted, budget - len(rows)) or None
         if self.plan.recurrent:
-            width = rows[0][1]
+            width = rows[0][1]  # never with decode rows beside: those are packed backends
             if (len(rows) + 1) * width > budget:
                 return None
             return width if wanted >= width else 0
@@ -234,14 +270,22 @@ class Scheduler:
             return None
         for req in decoding:
             self._alloc_slots(req, 1)
+        self._decode_in_flight = len(decoding)
         return self._build_batch("decode", [(r, 1) for r in decoding])
 
     def _build_batch(self, phase: str, rows: list[tuple[Request, int]]) -> ForwardBatch:
         self._in_flight = [r for r, _ in rows]
-        batch = build_forward_batch(phase, rows, self.spaces, self.eos_token_ids)
+        batch = build_forward_batch(
+            phase,
+            rows,
+            self.spaces,
+            self.eos_token_ids,
+            self.plan.ragged_attention,
+            packed=self.plan.packed,
+        )
         snapshots = []
         if phase == "prefill":
-            for req, n in rows:
+            for req, n in rows[self._decode_in_flight :]:
                 pair = self.cache.plan_snapshot(req, req.computed_len + n)
                 if pair is not None:
                     snapshots.append(pair)
@@ -270,7 +314,7 @@ class Scheduler:
             self.prompt_tokens_computed += min(req.computed_len, req.prompt_len) - before
             assert req.computed_len == req.allocated_len, (req.computed_len, req.allocated_len)
             self.spaces.trim_window(req)
-            if batch.phase == "prefill":
+            if batch.phase == "prefill" and i >= self._decode_in_flight:
                 self.cache.chunk_done(req)
             record_prompt_logprobs(req, out.prompt_logprobs, i)
             if not batch.sample_rows[i]:

@@ -99,6 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_dataclass_options(parser.add_argument_group("server options"), ServerConfig)
     _add_dataclass_options(parser.add_argument_group("engine options"), EngineConfig)
+    parser.add_argument(
+        "--version",
+        action="store_true",
+        help="print the versions, the backend and which BLAS and attention paths are active",
+    )
     sub = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
     convert = sub.add_parser(
         "convert",
@@ -161,6 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "convert":
         return _convert(args.gguf_path, args.out_dir, args.dequantize)
+    if args.version:
+        return _print_version()
     specs = args.model or []
     args.model = specs[0] if len(specs) == 1 else None
     try:
@@ -210,6 +217,21 @@ def declared_models(
         dataclasses.replace(d, **{k: v for k, v in defaults.items() if not _set(d, k)})
         for d in declarations
     ]
+
+
+def _print_version() -> int:
+    _enable_fast_blas()
+    import mlx.core as mx
+    import mlx_lm
+
+    from mlxserve.server.app import VERSION
+    from mlxserve.server.lifecycle.loading import attention_line, backend_name, blas_line
+
+    print(f"mlxserve {VERSION} (mlx {mx.__version__}, mlx-lm {mlx_lm.__version__})")
+    print(f"backend: {backend_name()}")
+    print(f"BLAS: {blas_line()}")
+    print(f"attention: {attention_line()}")
+    return 0
 
 
 def _enable_fast_blas() -> None:

@@ -124,6 +124,41 @@ def spy_row_groups(engine, phase: str | None = None) -> list[int]:
     return seen
 
 
+def gather_attention(monkeypatch) -> None:
+    """Run engines built after this on the pure-MLX attention path (MLX's SDPA over the
+    gathered K/V), as without the native op."""
+    from mlxserve.mlx_backend.attention import native
+
+    off = native.NativeStatus(False, "turned off by the test")
+    monkeypatch.setattr(native, "native_status", lambda: off)
+
+
+class AttentionSpy:
+    """Counts the native attention op's calls and the dispatch's runtime fallbacks."""
+
+    def __init__(self) -> None:
+        self.native_calls = 0
+        self.fallbacks: list[tuple[int, str]] = []
+
+
+@pytest.fixture
+def attention_spy(monkeypatch) -> AttentionSpy:
+    from mlxserve.mlx_backend.attention import dispatch, native
+
+    spy = AttentionSpy()
+    op = native.ragged_attention
+
+    def counting(*args, **kwargs):
+        spy.native_calls += 1
+        return op(*args, **kwargs)
+
+    monkeypatch.setattr(native, "ragged_attention", counting)
+    monkeypatch.setattr(
+        dispatch, "_warn_once", lambda layer, why: spy.fallbacks.append((layer, why))
+    )
+    return spy
+
+
 @pytest.fixture(scope="session")
 def tiny_llama() -> LoadedModel:
     return make_tiny_llama()

@@ -8,7 +8,13 @@ from __future__ import annotations
 import pytest
 
 from mlxserve.scheduler import row_groups
-from tests.conftest import Collector, greedy_reference, spy_row_groups, submit
+from tests.conftest import (
+    Collector,
+    gather_attention,
+    greedy_reference,
+    spy_row_groups,
+    submit,
+)
 
 PROMPTS = [
     [1, 2, 3, 4, 5],
@@ -61,7 +67,10 @@ class TestChunkedPrefill:
 
 
 class TestRowGroups:
-    def test_mixed_lengths_run_as_separate_forwards_and_match(self, tiny_llama, make_engine):
+    def test_mixed_lengths_run_as_separate_forwards_and_match(
+        self, tiny_llama, make_engine, monkeypatch
+    ):
+        gather_attention(monkeypatch)  # a packed backend runs every prefill as one forward
         prompts = [[(3 * i + k) % 250 + 1 for i in range(n)] for k, n in enumerate([2, 60, 3, 45])]
         refs = [greedy_reference(tiny_llama.model, p, MAX_TOKENS) for p in prompts]
         engine = make_engine(tiny_llama, max_total_tokens=1024, max_prefill_tokens=256)
@@ -72,8 +81,9 @@ class TestRowGroups:
             assert got == want, f"request {i} ({len(prompts[i])} tokens): {got} != {want}"
 
     def test_decode_rows_grouped_by_context_match(self, tiny_llama, make_engine, monkeypatch):
-        # A free extra forward splits decode rows by context length (the real cost only
-        # splits far-apart contexts, which a tiny test cannot afford).
+        # On the gather path a free extra forward splits decode rows by context length
+        # (the real cost only splits far-apart contexts, which a tiny test cannot afford).
+        gather_attention(monkeypatch)
         monkeypatch.setattr(row_groups, "DECODE_OVERHEAD_KEYS", 0)
         prompts = [[(5 * i + k) % 250 + 1 for i in range(n)] for k, n in enumerate([70, 2, 9, 33])]
         refs = [greedy_reference(tiny_llama.model, p, MAX_TOKENS) for p in prompts]
@@ -83,6 +93,47 @@ class TestRowGroups:
         assert max(groups) > 1, f"decode was meant to be split, got groups {groups}"
         for i, (got, want) in enumerate(zip(outputs, refs, strict=True)):
             assert got == want, f"request {i} ({len(prompts[i])} tokens): {got} != {want}"
+
+    def test_ragged_decode_is_one_forward(self, tiny_llama, make_engine, monkeypatch):
+        """With the native op nothing of a decode row is padded: no split, however far
+        apart the contexts (and however cheap an extra forward)."""
+        monkeypatch.setattr(row_groups, "DECODE_OVERHEAD_KEYS", 0)
+        prompts = [[(5 * i + k) % 250 + 1 for i in range(n)] for k, n in enumerate([70, 2, 9, 33])]
+        refs = [greedy_reference(tiny_llama.model, p, MAX_TOKENS) for p in prompts]
+        engine = make_engine(tiny_llama, max_total_tokens=1024)
+        if not engine.scheduler.plan.ragged_attention:
+            pytest.skip(f"native attention off: {engine.executor.attention.path}")
+        groups = spy_row_groups(engine, phase="decode")
+        outputs, _ = run_all(engine, prompts)
+        assert groups and max(groups) == 1, f"ragged decode was split: {groups}"
+        assert outputs == refs, "ragged decode must equal mlx-lm"
+
+
+class TestPackedSteps:
+    def test_mixed_prefill_and_decode_rows_run_packed_and_match(
+        self, tiny_llama, make_engine, monkeypatch
+    ):
+        """With ragged attention and no recurrent layer, prompts of any length and the
+        decoding rows beside them run as one forward of one-token rows."""
+        from mlxserve.mlx_backend import executor as executor_module
+
+        packed = []
+        real = executor_module.PackedBatchContext
+
+        def counting(batch, rows=None):
+            packed.append(int(batch.extend_lens.sum()))
+            return real(batch, rows)
+
+        monkeypatch.setattr(executor_module, "PackedBatchContext", counting)
+        prompts = [[(3 * i + k) % 250 + 1 for i in range(n)] for k, n in enumerate([2, 60, 3, 45])]
+        refs = [greedy_reference(tiny_llama.model, p, MAX_TOKENS) for p in prompts]
+        engine = make_engine(tiny_llama, max_total_tokens=1024, max_prefill_tokens=256)
+        if not engine.scheduler.plan.packed:
+            pytest.skip(f"native attention off: {engine.executor.attention.path}")
+        groups = spy_row_groups(engine)
+        outputs, _ = run_all(engine, prompts, late_index=3)
+        assert packed and max(groups) == 1, f"packed steps {packed}, groups {groups}"
+        assert outputs == refs, "packed steps must equal mlx-lm"
 
 
 class TestPreemption:

@@ -18,7 +18,13 @@ from mlx_lm.sample_utils import make_logits_processors
 
 from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
 from mlxserve.scheduler.outputs import RequestOutput
-from tests.conftest import Collector, greedy_reference, spy_row_groups, submit
+from tests.conftest import (
+    Collector,
+    gather_attention,
+    greedy_reference,
+    spy_row_groups,
+    submit,
+)
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11, 12, 13, 14, 15, 16], [3], [100, 101, 102]]
 
@@ -235,16 +241,27 @@ class TestLogprobs:
                 check_entry(got[t], prompt[t], dists[t - 1], k)
         assert col.tokens["long"] == greedy_reference(tiny_llama.model, long_prompt, 3)
 
-    def test_prompt_logprobs_of_rows_run_in_separate_forwards(self, tiny_llama, make_engine):
-        """A 40-token and two short prompts arrive together: their prefill runs as two
-        forwards (one per length group), and every prompt logprob lands on its row."""
+    @pytest.mark.parametrize("path", ["gather", "packed"])
+    def test_prompt_logprobs_of_rows_in_grouped_or_packed_forwards(
+        self, tiny_llama, make_engine, monkeypatch, path
+    ):
+        """A 40-token and two short prompts arrive together: on the gather path their
+        prefill runs as two forwards (one per length group), packed as one forward of
+        one-token rows; every prompt logprob lands on its row either way."""
+        if path == "gather":
+            gather_attention(monkeypatch)
         engine = make_engine(tiny_llama, max_total_tokens=1024, max_prefill_tokens=64)
+        if path == "packed" and not engine.scheduler.plan.packed:
+            pytest.skip(f"native attention off: {engine.executor.attention.path}")
         groups = spy_row_groups(engine)
         long_prompt = [(5 * i) % 250 + 1 for i in range(40)]
         prompts = {"long": long_prompt, "a": PROMPTS[0], "b": PROMPTS[2]}
         params = {"temperature": 0.0, "max_tokens": 2, "prompt_logprobs": 3}
         col = run(engine, {rid: (p, dict(params)) for rid, p in prompts.items()})
-        assert max(groups) > 1, f"the prefill was meant to be split, got groups {groups}"
+        if path == "gather":
+            assert max(groups) > 1, f"the prefill was meant to be split, got groups {groups}"
+        else:
+            assert max(groups) == 1, f"a packed prefill is one forward, got groups {groups}"
         for rid, prompt in prompts.items():
             got = col.events[rid][0].prompt_logprobs
             dists = model_logprobs(tiny_llama.model, prompt)

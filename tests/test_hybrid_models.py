@@ -15,7 +15,14 @@ from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
 from mlxserve.mlx_backend.loading.loader import load_model
 from mlxserve.scheduler import row_groups
 from mlxserve.scheduler.sampling_params import SamplingParams
-from tests.conftest import Collector, NoEosTokenizer, greedy_reference, spy_row_groups, submit
+from tests.conftest import (
+    Collector,
+    NoEosTokenizer,
+    gather_attention,
+    greedy_reference,
+    spy_row_groups,
+    submit,
+)
 from tests.tiny_models import (
     ARCHITECTURES,
     EXTRA_ARCHITECTURES,
@@ -73,7 +80,9 @@ def assert_exact(arch, outputs, references):
 
 class TestExactUnderBatching:
     @pytest.mark.parametrize("arch", DIR_ARCHITECTURES + IN_MEMORY_ARCHITECTURES)
-    def test_concurrent_chunked_requests_match_mlx_lm(self, arch, tiny_dirs, make_engine):
+    def test_concurrent_chunked_requests_match_mlx_lm(
+        self, arch, tiny_dirs, make_engine, attention_spy
+    ):
         loaded = load_tiny(arch, tiny_dirs)
         prompts = prompts_for()
         refs = [greedy_reference(loaded.model, p, MAX_TOKENS) for p in prompts]
@@ -81,13 +90,19 @@ class TestExactUnderBatching:
             loaded, max_total_tokens=512, max_running_requests=8, max_prefill_tokens=CHUNK
         )
         assert_exact(arch, run_batch(engine, prompts), refs)
+        # With the dispatch on, the layers planned for the native op really ran on it.
+        assert not attention_spy.fallbacks, f"{arch}: runtime fallbacks {attention_spy.fallbacks}"
+        if engine.executor.attention.ragged_layers:
+            assert attention_spy.native_calls > 0, f"{arch}: the native op never ran"
 
     @pytest.mark.parametrize("arch", DIR_ARCHITECTURES + IN_MEMORY_ARCHITECTURES)
     def test_decode_split_by_context_matches_mlx_lm(
         self, arch, tiny_dirs, make_engine, monkeypatch
     ):
-        # Every distinct context length decodes in its own forward (recurrent state,
-        # sliding windows and full attention each gathered and written back per group).
+        # On the pure-MLX attention path (MLX's SDPA over gathered K/V, as without the
+        # native op) every distinct context length decodes in its own forward (recurrent
+        # state, sliding windows and full attention each gathered and written back per group).
+        gather_attention(monkeypatch)
         monkeypatch.setattr(row_groups, "DECODE_OVERHEAD_KEYS", 0)
         loaded = load_tiny(arch, tiny_dirs)
         prompts = prompts_for()

@@ -7,9 +7,11 @@ dynamic linker's global scope before its own dependencies. So a library that exp
 every float32 matmul.
 
 ``scipy-openblas32`` (a pip wheel, no gfortran needed) exports only prefixed symbols
-(``scipy_cblas_sgemm``), so we compile, once per user, a tiny C shim that exports the plain
-names libmlx imports and forwards them. The shim also counts its sgemm calls, which lets
-:func:`verify_blas` prove that libmlx really bound to it.
+(``scipy_cblas_sgemm``), so a tiny C shim (``csrc/cblas_shim.c``, built at install by
+``setup.py`` into this package as ``_cblas_shim*.so``) exports the plain names libmlx imports
+and forwards them; its ``scipy_*`` references resolve against OpenBLAS, loaded globally just
+before it. The shim also counts its sgemm calls, which lets :func:`verify_blas` prove that
+libmlx really bound to it.
 
 Call :func:`enable_fast_blas` first thing in the process, before anything imports ``mlx.core``.
 It never raises: when it cannot help it returns an inactive :class:`BlasStatus` with a reason.
@@ -18,13 +20,9 @@ It never raises: when it cannot help it returns an inactive :class:`BlasStatus` 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import importlib.util
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,47 +31,10 @@ from pathlib import Path
 ENV_SWITCH = "MLXSERVE_BLAS"
 _OFF_VALUES = {"off", "0", "false", "no", "none", "disable", "disabled"}
 
-# Every BLAS symbol libmlx.so (0.32) imports: `nm -D --undefined-only libmlx.so | grep blas`.
-# The LAPACK ones (sgetrf_, ...) serve linalg only, never inference, and stay with the wheel.
-_SHIM_SOURCE = r"""
-/* mlxserve: plain cblas_*gemm names forwarding to scipy-openblas32's prefixed ones. */
-typedef int blasint; /* scipy-openblas32: 32-bit ints, the cblas ABI */
-typedef int cblas_enum; /* C enums are int-sized on every Linux ABI */
-
-void scipy_cblas_sgemm(cblas_enum, cblas_enum, cblas_enum, blasint, blasint, blasint, float,
-                       const float *, blasint, const float *, blasint, float, float *, blasint);
-void scipy_cblas_dgemm(cblas_enum, cblas_enum, cblas_enum, blasint, blasint, blasint, double,
-                       const double *, blasint, const double *, blasint, double, double *,
-                       blasint);
-void scipy_cblas_cgemm(cblas_enum, cblas_enum, cblas_enum, blasint, blasint, blasint,
-                       const void *, const void *, blasint, const void *, blasint, const void *,
-                       void *, blasint);
-
-static long mlxserve_sgemm_calls;
-
-long mlxserve_shim_sgemm_calls(void) {
-    return __atomic_load_n(&mlxserve_sgemm_calls, __ATOMIC_RELAXED);
-}
-
-void cblas_sgemm(cblas_enum order, cblas_enum ta, cblas_enum tb, blasint m, blasint n,
-                 blasint k, float alpha, const float *a, blasint lda, const float *b,
-                 blasint ldb, float beta, float *c, blasint ldc) {
-    __atomic_fetch_add(&mlxserve_sgemm_calls, 1, __ATOMIC_RELAXED);
-    scipy_cblas_sgemm(order, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
-
-void cblas_dgemm(cblas_enum order, cblas_enum ta, cblas_enum tb, blasint m, blasint n,
-                 blasint k, double alpha, const double *a, blasint lda, const double *b,
-                 blasint ldb, double beta, double *c, blasint ldc) {
-    scipy_cblas_dgemm(order, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
-
-void cblas_cgemm(cblas_enum order, cblas_enum ta, cblas_enum tb, blasint m, blasint n,
-                 blasint k, const void *alpha, const void *a, blasint lda, const void *b,
-                 blasint ldb, const void *beta, void *c, blasint ldc) {
-    scipy_cblas_cgemm(order, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
-"""
+# Every BLAS symbol libmlx.so (0.32) imports (`nm -D --undefined-only libmlx.so | grep blas`)
+# is forwarded by the shim; the LAPACK ones (sgetrf_, ...) serve linalg only, never inference,
+# and stay with the wheel.
+SHIM_GLOB = "_cblas_shim*.so"
 
 
 @dataclass(frozen=True)
@@ -94,6 +55,7 @@ class BlasStatus:
 _lock = threading.Lock()
 _status: BlasStatus | None = None
 _shim: ctypes.CDLL | None = None  # set only when our own shim is loaded (it has the counter)
+_openblas: ctypes.CDLL | None = None  # OpenBLAS under the shim (thread count, version)
 _user_threads = False  # the user set OPENBLAS_NUM_THREADS (or GOTO_/OMP_): never change it
 _blas: ctypes.CDLL | None = None  # kept referenced so the library is never unloaded
 
@@ -131,7 +93,7 @@ def enable_fast_blas() -> BlasStatus:
 
 
 def _enable() -> BlasStatus:
-    global _shim, _blas
+    global _shim, _blas, _openblas
     if not sys.platform.startswith("linux"):
         return BlasStatus(False, None, f"not Linux ({sys.platform}): MLX uses Metal/Accelerate")
     setting = os.environ.get(ENV_SWITCH, "").strip()
@@ -155,17 +117,22 @@ def _enable() -> BlasStatus:
         openblas = _scipy_openblas_lib()
         if openblas is None:
             return BlasStatus(False, None, "scipy-openblas32 is not installed")
-        shim_path, error = _build_shim(openblas)
+        shim_path = _packaged_shim()
         if shim_path is None:
-            return BlasStatus(False, None, error)
+            return BlasStatus(
+                False, None, "the OpenBLAS shim was not built at install (see setup.py)"
+            )
         try:
+            # OpenBLAS first, globally: the shim's scipy_cblas_* references resolve to it.
+            lib = ctypes.CDLL(str(openblas), mode=ctypes.RTLD_GLOBAL)
             shim = ctypes.CDLL(str(shim_path), mode=ctypes.RTLD_GLOBAL)
         except OSError as e:
             return BlasStatus(False, None, f"the BLAS shim could not be loaded: {e}")
         _shim = _blas = shim
+        _openblas = lib
         path = str(shim_path)
-        what = f"cblas_sgemm from OpenBLAS {_openblas_version(shim)} via {shim_path.name}"
-    threads = _openblas_threads(_shim) or os.environ.get("OPENBLAS_NUM_THREADS", "?")
+        what = f"cblas_sgemm from OpenBLAS {_openblas_version(lib)} via {shim_path.name}"
+    threads = _openblas_threads(_openblas) or os.environ.get("OPENBLAS_NUM_THREADS", "?")
     # CPython dlopens extensions with RTLD_NOW, so libmlx normally bound cblas_sgemm at import;
     # only our shim's call counter can tell whether it did (a MLXSERVE_BLAS library cannot).
     if late and not (_shim is not None and _matmul_uses_loaded_blas()):
@@ -248,10 +215,10 @@ def adaptive_thread_control() -> tuple[int, Callable[[int], None]] | None:
     active and the user did not fix the count (``OPENBLAS_NUM_THREADS`` and the like).
     ``None`` otherwise."""
     status = _status
-    if _shim is None or _user_threads or status is None or not status.active:
+    if _shim is None or _openblas is None or _user_threads or status is None or not status.active:
         return None
     try:
-        fn = _shim.scipy_openblas_set_num_threads
+        fn = _openblas.scipy_openblas_set_num_threads
     except AttributeError:
         return None
     fn.argtypes = [ctypes.c_int]
@@ -259,12 +226,21 @@ def adaptive_thread_control() -> tuple[int, Callable[[int], None]] | None:
     return _cpu_count(), lambda n: fn(int(n))
 
 
-def _openblas_threads(shim: ctypes.CDLL | None) -> str | None:
+def fixed_thread_count() -> int:
+    """The thread count to use where it is not adapted: ``OPENBLAS_NUM_THREADS`` when the
+    user set it, else one per CPU this process may use."""
+    try:
+        return max(1, int(os.environ.get("OPENBLAS_NUM_THREADS", "")))
+    except ValueError:
+        return _cpu_count()
+
+
+def _openblas_threads(lib: ctypes.CDLL | None) -> str | None:
     """The thread count OpenBLAS actually uses (shim only), as text."""
-    if shim is None:
+    if lib is None:
         return None
     try:
-        fn = shim.scipy_openblas_get_num_threads
+        fn = lib.scipy_openblas_get_num_threads
         fn.restype = ctypes.c_int
         return str(fn())
     except Exception:
@@ -291,74 +267,16 @@ def _scipy_openblas_lib() -> Path | None:
     return libs[0].resolve() if libs else None
 
 
-def _openblas_version(shim: ctypes.CDLL) -> str:
+def _packaged_shim() -> Path | None:
+    """The shim ``setup.py`` built into this package, or None."""
+    found = sorted(Path(__file__).resolve().parent.glob(SHIM_GLOB))
+    return found[0] if found else None
+
+
+def _openblas_version(lib: ctypes.CDLL) -> str:
     try:
-        fn = shim.scipy_openblas_get_config  # reachable: the shim links libscipy_openblas
+        fn = lib.scipy_openblas_get_config
         fn.restype = ctypes.c_char_p
         return fn().decode().split()[1]  # "OpenBLAS 0.3.30 DYNAMIC_ARCH ..."
     except Exception:
         return "(version unknown)"
-
-
-def _cache_dirs() -> list[Path]:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    # The temp dir is a fallback for read-only homes (some containers); uid keeps users apart.
-    return [Path(base) / "mlxserve", Path(tempfile.gettempdir()) / f"mlxserve-{os.getuid()}"]
-
-
-def _build_shim(openblas: Path) -> tuple[Path | None, str]:
-    """Compile the shim once into a cache dir; reuse it while the source and OpenBLAS match.
-
-    Args:
-        openblas: the resolved path of ``libscipy_openblas.so``.
-
-    Returns:
-        (shim path, "") on success, else (None, why).
-    """
-    st = openblas.stat()
-    key = hashlib.sha256(
-        f"{_SHIM_SOURCE}\0{openblas}\0{st.st_size}\0{st.st_mtime_ns}".encode()
-    ).hexdigest()[:16]
-    name = f"libmlxserve_cblas_{key}.so"
-    for cache in _cache_dirs():
-        if (cache / name).is_file():
-            return cache / name, ""
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not compiler:
-        return None, "no C compiler (cc/gcc) to build the OpenBLAS shim"
-    errors = []
-    for cache in _cache_dirs():
-        try:
-            cache.mkdir(parents=True, exist_ok=True)
-            return _compile(compiler, cache, name, openblas), ""
-        except subprocess.SubprocessError as e:
-            return None, f"building the OpenBLAS shim failed: {e}"
-        except OSError as e:
-            if e.filename == compiler:
-                return None, f"the C compiler {compiler} cannot run: {e.strerror}"
-            errors.append(f"{cache}: {e}")  # unwritable cache dir: try the next one
-    return None, "no writable cache dir for the OpenBLAS shim: " + "; ".join(errors)
-
-
-def _compile(compiler: str, cache: Path, name: str, openblas: Path) -> Path:
-    """Build ``cache/name``; temp names + rename so concurrent builders never see half a file."""
-    tag = f"{os.getpid()}.{threading.get_ident()}"
-    src = cache / f"{name}.{tag}.c"
-    tmp = cache / f"{name}.{tag}.tmp"
-    lib_dir = str(openblas.parent)
-    try:
-        src.write_text(_SHIM_SOURCE)
-        cmd = [compiler, "-shared", "-fPIC", "-O2", "-o", str(tmp), str(src)]
-        # Link by full path (the soname is libscipy_openblas.so) and find it again via rpath.
-        cmd += [str(openblas), f"-Wl,-rpath,{lib_dir}"]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-        if proc.returncode != 0:
-            lines = (proc.stderr or proc.stdout).strip().splitlines()
-            raise subprocess.SubprocessError(
-                f"{compiler} exited {proc.returncode}: {lines[-1] if lines else ''}"
-            )
-        os.replace(tmp, cache / name)
-        return cache / name
-    finally:
-        for leftover in (src, tmp):
-            leftover.unlink(missing_ok=True)

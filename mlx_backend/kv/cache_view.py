@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import ArraysCache, CacheList
 
+from mlxserve.mlx_backend.attention.native import padded_runs
 from mlxserve.mlx_backend.kv.kv_pool import FlatRows, KVPool, StatePool
 from mlxserve.mlx_backend.kv.layer_layout import CacheSpec
 from mlxserve.scheduler.batch import ForwardBatch
@@ -34,6 +36,12 @@ class _SpaceIndex:
     def __init__(self, write: np.ndarray, read: np.ndarray, start: np.ndarray, total: np.ndarray):
         self.write = FlatRows(write.reshape(-1))
         self.read = FlatRows(read)
+        # What ragged attention reads instead of the gather: the slots of each row's keys,
+        # and where its key column 0 starts (built on first use, see BatchContext.ragged).
+        self.read_slots = read
+        self.key_start = start
+        self.key_count = np.maximum(total - start, 0)
+        self.ragged: tuple[mx.array, mx.array] | None = None
         cols = np.arange(read.shape[1], dtype=np.int32)[None, :]
         k_pos = start[:, None] + cols
         k_pos = np.where(k_pos < total[:, None], k_pos, -1)
@@ -71,6 +79,8 @@ class BatchContext:
         L = int(batch.extend_lens[rows].max())
         self.input_ids = mx.array(batch.input_ids[rows, :L])
         self.offsets = mx.array(cached)
+        self.q_start = cached
+        self.q_len = batch.extend_lens[rows].astype(np.int32)
         q_pos = cached[:, None] + np.arange(L, dtype=np.int32)[None, :]
         self._q_pos = mx.array(q_pos.astype(np.int32))[:, None, :, None]
         sliding_start = batch.sliding_read_start[rows].astype(np.int32)
@@ -103,18 +113,62 @@ class BatchContext:
             self._masks[key] = mask
         return self._masks[key]
 
+    def mask_key(self, mask: object) -> tuple[str, int | None] | None:
+        """The ``(space, window)`` this context made ``mask`` for, or None if it did not."""
+        for key, made in self._masks.items():
+            if made is mask:
+                return key
+        return None
+
+    def ragged(self, space: str) -> tuple[mx.array, mx.array]:
+        """``(slots [B, S], meta [B, 6])`` of one space for the ragged attention op: each
+        row's key slots and its run of queries (``attention.native.padded_runs``)."""
+        index = self.spaces[space]
+        if index.ragged is None:
+            L = int(self.input_ids.shape[1])
+            meta = padded_runs(index.key_count, index.key_start, self.q_start, self.q_len, L)
+            index.ragged = (mx.array(index.read_slots.astype(np.int32)), mx.array(meta))
+        return index.ragged
+
+
+@dataclass(frozen=True)
+class RaggedKeys:
+    """What the ragged attention op reads for one layer of one batch, in place of the
+    gather: the layer's flat pools, and each row's key slots and lengths
+    (``BatchContext.ragged``)."""
+
+    k_pool: mx.array
+    v_pool: mx.array
+    slots: mx.array
+    meta: mx.array
+    kv_heads: int
+    rows_per_head: int
+    window: int  # 0: no sliding window
+
 
 class PoolKVCacheView:
     """One attention cache for one batch: writes scatter into the pool, reads gather the
-    batch's slots from it. It holds no K/V of its own."""
+    batch's slots from it. It holds no K/V of its own.
 
-    def __init__(self, pool: KVPool, spec: CacheSpec, ctx: BatchContext) -> None:
+    With ``ragged`` set, mlx-lm's attention call for this layer may be served from the
+    pools in place (``mlx_backend/attention/``); the gather ``update_and_fetch`` returned
+    is then never evaluated (MLX is lazy).
+    """
+
+    def __init__(
+        self, pool: KVPool, spec: CacheSpec, ctx: BatchContext, ragged: bool = False
+    ) -> None:
         self._pool = pool
         self._index = spec.pool_index
         self._space = "full" if spec.kind == "full" else "sliding"
         self._window = spec.window
         self._ctx = ctx
         self.offset = ctx.offsets
+        self.pool_index = spec.pool_index
+        self.ragged = ragged
+        # The K/V the last update_and_fetch returned: attention over anything else (keys
+        # the model changed after fetching them) is not attention over the pools.
+        self.fetched: tuple[mx.array, mx.array] | None = None
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         B, H, L, _ = keys.shape
@@ -122,12 +176,24 @@ class PoolKVCacheView:
         flat_k = keys.transpose(1, 0, 2, 3).reshape(H, B * L, keys.shape[-1])
         flat_v = values.transpose(1, 0, 2, 3).reshape(H, B * L, values.shape[-1])
         self._pool.write(self._index, index.write, flat_k, flat_v)
-        return self._pool.read(self._index, index.read)
+        self.fetched = self._pool.read(self._index, index.read)
+        return self.fetched
 
     def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None):
         # A sliding cache masks to its own window when the model does not name one, as
         # mlx-lm's RotatingKVCache does.
         return self._ctx.mask(self._space, window_size or self._window)
+
+    def ragged_keys(self, mask: object) -> RaggedKeys | None:
+        """The pools and row lengths for attention under ``mask``, or None when ``mask``
+        is not one this batch made for this view's slot space."""
+        key = self._ctx.mask_key(mask)
+        if key is None or key[0] != self._space:
+            return None
+        slots, meta = self._ctx.ragged(self._space)
+        heads, size = self._pool.shapes[self._index]
+        k_pool, v_pool = self._pool.k[self._index], self._pool.v[self._index]
+        return RaggedKeys(k_pool, v_pool, slots, meta, heads, size, key[1] or 0)
 
 
 class BatchCaches:
@@ -139,9 +205,15 @@ class BatchCaches:
     """
 
     def __init__(
-        self, specs: list[CacheSpec], kv: KVPool, states: StatePool, ctx: BatchContext
+        self,
+        specs: list[CacheSpec],
+        kv: KVPool,
+        states: StatePool,
+        ctx: BatchContext,
+        ragged_layers: frozenset[int] = frozenset(),
     ) -> None:
         self._kv, self._states, self._ctx = kv, states, ctx
+        self._ragged_layers = ragged_layers
         self._recurrent: list[tuple[CacheSpec, ArraysCache]] = []
         self.caches = [self._make(spec) for spec in specs]
 
@@ -156,7 +228,8 @@ class BatchCaches:
                 )
             self._recurrent.append((spec, cache))
             return cache
-        return PoolKVCacheView(self._kv, spec, self._ctx)
+        ragged = spec.pool_index in self._ragged_layers
+        return PoolKVCacheView(self._kv, spec, self._ctx, ragged)
 
     def write_back_states(self) -> None:
         for spec, cache in self._recurrent:

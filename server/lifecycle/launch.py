@@ -30,6 +30,7 @@ from mlxserve.server.lifecycle.engines import build_engine
 from mlxserve.server.lifecycle.loading import (
     BackgroundLoader,
     LoadProgress,
+    attention_line,
     backend_name,
     blas_line,
     convert_for_backend,
@@ -76,11 +77,12 @@ def serve(
 
     check_model_path(model_config.model)
     logger.info(
-        "mlxserve %s: model %s, backend %s, BLAS %s",
+        "mlxserve %s: model %s, backend %s, BLAS %s, attention %s",
         VERSION,
         model_config.model or "embedded SmolLM2-135M-Instruct",
         backend_name(),
         blas_line(),
+        attention_line(),
     )
     warn_if_exposed(config)
     progress = LoadProgress()

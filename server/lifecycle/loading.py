@@ -291,6 +291,19 @@ def blas_line() -> str:
     return f"MLX's bundled BLAS ({status.reason})"
 
 
+def attention_line() -> str:
+    """Which attention path serves the pool views, in one line (per-layer fallbacks are
+    logged when a model's pools are allocated)."""
+    if backend_name() == "metal":
+        return "MLX SDPA over gathered K/V (Metal)"
+    from mlxserve.mlx_backend.attention.native import native_status
+
+    status = native_status()
+    if status.active:
+        return status.reason
+    return f"MLX SDPA over gathered K/V ({status.reason})"
+
+
 def describe_weights(model: Any) -> str:
     """dtype and size of a model's parameters, e.g. "float32, 4-bit quantized (210 layers),
     95 MiB"."""

@@ -1,0 +1,56 @@
+// mlxserve: Python bindings of the native package (mlxserve.mlx_backend.attention._native).
+//
+// Built with nanobind in MLX's domain (NB_DOMAIN mlx), so mlx.core.array
+// arguments and results cross without copies; the nanobind version must match
+// the one mlx.core was built with (pyproject.toml's build requirements).
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/variant.h>
+
+#include "attention_op.h"
+#include "mlx/version.h"
+#include "thread_pool.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+#define MLXSERVE_STR_(x) #x
+#define MLXSERVE_STR(x) MLXSERVE_STR_(x)
+
+NB_MODULE(_native, m) {
+  m.doc() = "mlxserve's native CPU kernels for MLX";
+
+  m.def(
+      "ragged_attention",
+      &mlxserve::ragged_attention,
+      "queries"_a,
+      "k_pool"_a,
+      "v_pool"_a,
+      "slots"_a,
+      "meta"_a,
+      "sinks"_a = nb::none(),
+      nb::kw_only(),
+      "scale"_a,
+      "window"_a,
+      "kv_heads"_a,
+      "rows_per_head"_a,
+      "stream"_a = nb::none(),
+      "Attention of [B, Hq, L, D] queries over the pool rows their slots name "
+      "(see csrc/attention_kernel.h). Returns [B, Hq, L, Dv].");
+  m.def(
+      "set_threads",
+      [](int n) { mlxserve::ThreadPool::instance().set_threads(n); },
+      "n"_a,
+      "Threads the kernel may use, the calling thread included.");
+  m.def("threads", [] { return mlxserve::ThreadPool::instance().threads(); });
+  m.def("kernel_isa", &mlxserve::kernel_isa, "The instruction set of the kernel this CPU runs.");
+  m.def(
+      "built_with_mlx",
+      [] {
+        return std::string(MLXSERVE_STR(MLX_VERSION_MAJOR) "." MLXSERVE_STR(
+            MLX_VERSION_MINOR) "." MLXSERVE_STR(MLX_VERSION_PATCH));
+      },
+      "The MLX version whose headers this module was compiled against.");
+}
