@@ -15,9 +15,16 @@ from mlx.utils import tree_flatten
 
 from mlxserve.mlx_backend.cpu.blas import adaptive_thread_control
 from mlxserve.mlx_backend.cpu.blas_threads import AdaptiveBlasThreads
+from mlxserve.mlx_backend.kv import attention_dispatch
 from mlxserve.mlx_backend.kv.cache_view import BatchCaches, BatchContext
 from mlxserve.mlx_backend.kv.kv_pool import KVPool, StatePool
-from mlxserve.mlx_backend.kv.layer_layout import LayerLayout, probe_layout
+from mlxserve.mlx_backend.kv.layer_layout import LayerLayout, probe_layout, probe_quantized_sdpa
+from mlxserve.mlx_backend.kv.quantization import (
+    ATTENTION_PATHS,
+    AttentionPath,
+    KVQuantization,
+    default_attention_path,
+)
 from mlxserve.mlx_backend.logits import LastTokenLogits, vocab_size
 from mlxserve.mlx_backend.logprobs import prompt_logprobs, prompt_positions, sampled_logprobs
 from mlxserve.mlx_backend.memory import plan_memory
@@ -26,6 +33,13 @@ from mlxserve.scheduler.batch import ForwardBatch, ForwardOutput
 from mlxserve.scheduler.memory_plan import MemoryPlan, MemoryStats, PoolRequest
 
 logger = logging.getLogger(__name__)
+
+_ATTENTION_LOG = {
+    "quantized-sdpa": "mlx-lm's quantized SDPA on the packed K/V",
+    "dequantize": "gathered K/V dequantized, then the model's dense SDPA",
+    "folded": "mlxserve's attention on the packed K/V, scales and biases folded into "
+    "the scores (calls it does not cover dequantize)",
+}
 
 
 class MLXExecutor:
@@ -38,11 +52,21 @@ class MLXExecutor:
     Args:
         model: an mlx-lm model (``model(inputs, cache=[...]) -> logits``).
         seed: seed of the sampling RNG.
+        kv_attention: how attention reads quantized K/V pools (None: the faster path of
+            this backend, ``default_attention_path``); a model that cannot run mlx-lm's
+            quantized SDPA (attention sinks, its own attention code) dequantizes instead.
     """
 
-    def __init__(self, model: nn.Module, seed: int = 0) -> None:
+    def __init__(
+        self, model: nn.Module, seed: int = 0, kv_attention: AttentionPath | None = None
+    ) -> None:
+        if kv_attention is not None and kv_attention not in ATTENTION_PATHS:
+            raise ValueError(f"kv_attention must be one of {ATTENTION_PATHS}, got {kv_attention!r}")
         self.model = model
         self.seed = seed
+        self.kv_attention = kv_attention
+        self.quantization: KVQuantization | None = None
+        self.attention: AttentionPath = "dequantize"
         self.layout: LayerLayout | None = None
         self.kv: KVPool | None = None
         self.states: StatePool | None = None
@@ -66,8 +90,17 @@ class MLXExecutor:
         mx.eval([a for _, a in tree_flatten(self.model) if isinstance(a, mx.array)])
 
     def plan(self, request: PoolRequest) -> MemoryPlan:
-        """Probe the model's caches (one token through mlx-lm's own) and size the pools."""
+        """Probe the model's caches (one token through mlx-lm's own) and size the pools.
+
+        Raises:
+            ValueError: ``kv_group_size`` does not divide the model's K/V head dims.
+        """
         self.layout = probe_layout(self.model)
+        self.quantization = None
+        if request.kv_bits is not None:
+            self.quantization = KVQuantization(request.kv_bits, request.kv_group_size)
+            self.layout.check_quantization(self.quantization)
+            self.attention = self._attention_path(self.quantization)
         return plan_memory(
             self.layout,
             request.max_total_tokens,
@@ -76,13 +109,34 @@ class MLXExecutor:
             request.mem_fraction,
             request.context_length,
             prefix_cache=request.prefix_cache,
+            quantization=self.quantization,
         )
+
+    def _attention_path(self, quantization: KVQuantization) -> AttentionPath:
+        path = self.kv_attention or default_attention_path()
+        if path == "quantized-sdpa":
+            failure = probe_quantized_sdpa(self.model, quantization)
+            if failure is not None:
+                logger.warning(
+                    "this model cannot run mlx-lm's quantized attention (%s); "
+                    "quantized K/V is dequantized for a dense attention instead",
+                    failure,
+                )
+                path = "dequantize"
+        if path == "folded" and not attention_dispatch.install(self.model):
+            logger.warning(
+                "this model's attention does not call mlx-lm's scaled_dot_product_attention; "
+                "quantized K/V is dequantized for it"
+            )
+            path = "dequantize"
+        return path
 
     def allocate(self, plan: MemoryPlan) -> None:
         if self.layout is None:
             self.layout = probe_layout(self.model)
         layout = self.layout
-        self.kv = KVPool(layout, plan.full_tokens, plan.sliding_tokens)
+        quant = self.quantization
+        self.kv = KVPool(layout, plan.full_tokens, plan.sliding_tokens, quant)
         self.states = StatePool(layout, plan.state_slots)
         self.sampler = Sampler(self.seed)
         self.logits = LastTokenLogits(self.model)
@@ -96,16 +150,19 @@ class MLXExecutor:
             )
         mib = 2**-20
         logger.info(
-            "KV pools: %d full-attention slots (%.1f MiB), %d sliding-window slots "
+            "KV pools (%s): %d full-attention slots (%.1f MiB), %d sliding-window slots "
             "(window %s, %.1f MiB), %d recurrent-state slots (%.1f MiB)",
+            "float" if quant is None else quant.describe(),
             plan.full_tokens,
-            plan.full_tokens * layout.bytes_per_token("full") * mib,
+            plan.full_tokens * layout.bytes_per_token("full", quant) * mib,
             plan.sliding_tokens,
             plan.window,
-            plan.sliding_tokens * layout.bytes_per_token("sliding") * mib,
+            plan.sliding_tokens * layout.bytes_per_token("sliding", quant) * mib,
             plan.state_slots,
             plan.state_slots * layout.bytes_per_state_slot * mib,
         )
+        if quant is not None:
+            logger.info("quantized K/V attention: %s", _ATTENTION_LOG[self.attention])
 
     def memory(self) -> MemoryStats:
         return MemoryStats(mx.get_active_memory(), mx.get_peak_memory(), mx.get_cache_memory())
@@ -172,7 +229,7 @@ class MLXExecutor:
         them asked, of their prompt positions (with the indices of those entries in
         ``prompt_at``)."""
         ctx = BatchContext(batch, rows)
-        caches = BatchCaches(self.layout.specs, self.kv, self.states, ctx)
+        caches = BatchCaches(self.layout.specs, self.kv, self.states, ctx, self.attention)
         n = len(rows)
         pick_rows = np.arange(n)
         pick_positions = batch.extend_lens[rows] - 1

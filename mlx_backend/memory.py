@@ -7,6 +7,7 @@ import os
 import mlx.core as mx
 
 from mlxserve.mlx_backend.kv.layer_layout import LayerLayout
+from mlxserve.mlx_backend.kv.quantization import KVQuantization
 from mlxserve.scheduler.memory_plan import MemoryPlan
 
 
@@ -37,6 +38,8 @@ def plan_memory(
     mem_fraction: float,
     context_length: int,
     prefix_cache: bool = False,
+    quantization: KVQuantization | None = None,
+    available_bytes: int | None = None,
 ) -> MemoryPlan:
     """Slot counts for every space the model's layers need.
 
@@ -44,20 +47,23 @@ def plan_memory(
     slots are one per running request. A prefix cache doubles the window and the state
     slots (the window and state it keeps at a request's insert point stay locked while the
     request runs). The full space gets ``max_total_tokens``, or what is left of
-    ``mem_fraction`` of free memory after those two.
+    ``mem_fraction`` of free memory (or of ``available_bytes``) after those two. Slots are
+    counted in the bytes the pools store per token: with ``quantization``, packed values,
+    scales and biases, so the same budget holds more of them.
     """
     window = layout.sliding_window
     copies = 2 if prefix_cache else 1
     sliding = max_running_requests * (copies * window + max_prefill_tokens) if window else 0
     states = max_running_requests * copies if layout.recurrent else 0
     full = 0
-    per_token = layout.bytes_per_token("full")
+    per_token = layout.bytes_per_token("full", quantization)
     if per_token:
         full = max_total_tokens
         if not full:
-            fixed = sliding * layout.bytes_per_token("sliding")
+            fixed = sliding * layout.bytes_per_token("sliding", quantization)
             fixed += states * layout.bytes_per_state_slot
-            budget = int(available_memory_bytes() * mem_fraction) - fixed
+            available = available_memory_bytes() if available_bytes is None else available_bytes
+            budget = int(available * mem_fraction) - fixed
             full = min(budget // per_token, max_running_requests * context_length)
             if full < 1:
                 raise MemoryError(f"no room for a KV pool: {budget} bytes left for it")

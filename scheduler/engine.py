@@ -214,6 +214,8 @@ class Engine:
                 mem_fraction=cfg.mem_fraction,
                 context_length=context,
                 prefix_cache=not cfg.disable_prefix_cache,
+                kv_bits=cfg.kv_bits,
+                kv_group_size=cfg.kv_group_size,
             )
         )
         self.max_context_len = min(context, plan.full_tokens) if plan.full_tokens else context

@@ -38,6 +38,8 @@ class PoolRequest:
         mem_fraction: share of free memory the pools may take when sized automatically.
         context_length: the longest sequence a request may reach.
         prefix_cache: the prefix cache is on (it keeps extra windows and state snapshots).
+        kv_bits: quantize the K/V pools to this many bits (None: float pools).
+        kv_group_size: values per scale and bias of a quantized K/V row.
     """
 
     max_total_tokens: int
@@ -46,6 +48,8 @@ class PoolRequest:
     mem_fraction: float
     context_length: int
     prefix_cache: bool
+    kv_bits: int | None = None
+    kv_group_size: int = 64
 
 
 @dataclass(frozen=True)

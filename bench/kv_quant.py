@@ -1,0 +1,417 @@
+"""Quantized KV pools (``--kv-bits``) against the float pool, side by side in one run.
+
+Four parts, each comparing off / 8-bit / 4-bit (``--parts`` picks some):
+
+- ``slots``: token slots the memory planner gives each pool for the same memory budget.
+- ``decode``: the corpus's chat prompts decoded greedily at batch ``--requests`` for
+  ``--max-tokens`` tokens through the engine (no HTTP), for both attention paths over
+  quantized pools (mlx-lm's quantized SDPA, and dequantize-then-dense-SDPA); the median
+  full-batch decode step, and the share of greedy tokens equal to the float pool's (per
+  position, and as the mean length of the common prefix). Configurations alternate within
+  each of ``--rounds`` rounds, so a neighbour's load hits them alike.
+- ``long``: how many ``--long-prompt-tokens``-token requests run at once in a fixed
+  budget (``--long-budget-mib``): the widest decode batch the engine reached.
+- ``loglik``: mean log-likelihood per token of a fixed text, read through
+  ``/v1/completions`` with ``echo`` and ``logprobs`` from a served model.
+
+Example::
+
+    .venv/bin/python -m bench.kv_quant --json bench/results/kv_quant.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make ``bench`` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import _env  # noqa: E402  (no mlx import: must precede mlx.core)
+
+BITS = (None, 8, 4)
+GROUP_SIZE = 64
+# A fixed English text for the log-likelihood figure (public-domain: the opening of
+# Dickens's "A Tale of Two Cities").
+TEXT = (
+    "It was the best of times, it was the worst of times, it was the age of wisdom, it was "
+    "the age of foolishness, it was the epoch of belief, it was the epoch of incredulity, "
+    "it was the season of Light, it was the season of Darkness, it was the spring of hope, "
+    "it was the winter of despair, we had everything before us, we had nothing before us, "
+    "we were all going direct to Heaven, we were all going direct the other way - in short, "
+    "the period was so far like the present period, that some of its noisiest authorities "
+    "insisted on its being received, for good or for evil, in the superlative degree of "
+    "comparison only."
+)
+
+
+def _name(bits: int | None, path: str | None = None) -> str:
+    if bits is None:
+        return "off"
+    return f"{bits}-bit" + (f" {path}" if path else "")
+
+
+def _quant(bits: int | None):  # noqa: ANN202
+    from mlxserve.mlx_backend.kv.quantization import KVQuantization
+
+    return None if bits is None else KVQuantization(bits, GROUP_SIZE)
+
+
+def slots(layout: Any, budget_bytes: int) -> dict[str, Any]:
+    """Full-attention slots per pool at ``budget_bytes``; the float16 pool (what Metal
+    runs) is computed from the same shapes."""
+    import dataclasses
+
+    import mlx.core as mx
+
+    from mlxserve.mlx_backend.kv.layer_layout import LayerLayout
+    from mlxserve.mlx_backend.memory import plan_memory
+
+    def plan(layout: LayerLayout, bits: int | None) -> int:
+        return plan_memory(
+            layout, 0, 1, 1, 1.0, 10**9, quantization=_quant(bits), available_bytes=budget_bytes
+        ).full_tokens
+
+    half = LayerLayout(
+        [
+            dataclasses.replace(s, kv=dataclasses.replace(s.kv, dtype=mx.float16))
+            for s in layout.specs
+        ]
+    )
+    out: dict[str, Any] = {"budget_mib": budget_bytes / 2**20, "pools": {}}
+    for bits in BITS:
+        out["pools"][_name(bits)] = {
+            "bytes_per_token": layout.bytes_per_token("full", _quant(bits)),
+            "slots": plan(layout, bits),
+            "float16_slots": plan(half, bits),
+        }
+    base, base16 = out["pools"]["off"]["slots"], out["pools"]["off"]["float16_slots"]
+    for pool in out["pools"].values():
+        pool["x_float32"] = pool["slots"] / base
+        pool["x_float16"] = pool["float16_slots"] / base16
+    return out
+
+
+def _engine(loaded: Any, bits: int | None, path: str | None, **config: Any) -> Any:
+    from mlxserve.mlx_backend.executor import MLXExecutor
+    from mlxserve.scheduler.config import EngineConfig
+    from mlxserve.scheduler.engine import Engine
+
+    cfg = EngineConfig(kv_bits=bits, kv_group_size=GROUP_SIZE, **config)
+    executor = MLXExecutor(loaded.model, seed=cfg.seed, kv_attention=path)
+    return Engine(executor, cfg, context_length=loaded.context_length, tokenizer=loaded.tokenizer)
+
+
+class FanOutExecutor:
+    """The engine's ``Executor`` over several MLX executors of the same model (float and
+    quantized pools, each attention path): every batch runs through each of them in a
+    rotating order, timed; the first one's tokens drive the engine. All see the same
+    batches over the same slot ids, so their step times compare side by side under the
+    same load, step by step."""
+
+    def __init__(self, loaded: Any, configs: list[tuple[int | None, str | None]]) -> None:
+        from mlxserve.mlx_backend.executor import MLXExecutor
+
+        self.configs = configs
+        self.executors = [MLXExecutor(loaded.model, kv_attention=path) for _, path in configs]
+        # Per step: phase, rows, seconds per executor.
+        self.steps: list[tuple[str, int, list[float]]] = []
+
+    @property
+    def vocab_size(self) -> int:
+        return self.executors[0].vocab_size
+
+    def materialize(self) -> None:
+        self.executors[0].materialize()
+
+    def plan(self, request: Any) -> Any:
+        import dataclasses
+
+        plans = [
+            ex.plan(dataclasses.replace(request, kv_bits=bits, kv_group_size=GROUP_SIZE))
+            for ex, (bits, _) in zip(self.executors, self.configs, strict=True)
+        ]
+        assert len({p.full_tokens for p in plans}) == 1, "give every pool the same slots"
+        return plans[0]
+
+    def allocate(self, plan: Any) -> None:
+        for ex in self.executors:
+            ex.allocate(plan)
+
+    def forward(self, batch: Any) -> Any:
+        n = len(self.executors)
+        times = [0.0] * n
+        first = len(self.steps) % n
+        out = None
+        for k in range(n):
+            i = (first + k) % n
+            start = time.perf_counter()
+            result = self.executors[i].forward(batch)
+            times[i] = time.perf_counter() - start
+            if i == 0:
+                out = result
+        self.steps.append((batch.phase, batch.batch_size, times))
+        return out
+
+    def memory(self) -> Any:
+        return self.executors[0].memory()
+
+    def close(self) -> None:
+        for ex in self.executors:
+            ex.close()
+
+
+def _serve(engine: Any, prompts: list[list[int]], params: Any, timeout_s: float) -> dict:
+    """Run ``prompts`` to the end; returns tokens per request and each forward's
+    (phase, rows, seconds)."""
+    steps: list[tuple[str, int, float]] = []
+    forward = engine.executor.forward
+
+    def timed(batch: Any) -> Any:
+        start = time.perf_counter()
+        out = forward(batch)
+        steps.append((batch.phase, batch.batch_size, time.perf_counter() - start))
+        return out
+
+    engine.executor.forward = timed
+    tokens: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
+    done = threading.Event()
+    left = [len(prompts)]
+    lock = threading.Lock()
+
+    def on_output(i: int):  # noqa: ANN202
+        def callback(event: Any) -> None:
+            tokens[i].extend(event.new_token_ids)
+            if event.finished:
+                with lock:
+                    left[0] -= 1
+                    if left[0] == 0:
+                        done.set()
+
+        return callback
+
+    engine.start()
+    try:
+        for i, ids in enumerate(prompts):
+            engine.add_request(f"r{i}", ids, params, on_output(i))
+        finished = done.wait(timeout_s)
+    finally:
+        engine.shutdown()
+    return {"finished": finished, "tokens": tokens, "steps": steps}
+
+
+def _agreement(got: dict[int, list[int]], ref: dict[int, list[int]]) -> dict[str, float]:
+    same = total = prefix = 0
+    for i, want in ref.items():
+        have = got[i]
+        same += sum(a == b for a, b in zip(have, want, strict=False))
+        total += len(want)
+        n = 0
+        while n < min(len(have), len(want)) and have[n] == want[n]:
+            n += 1
+        prefix += n / len(want)
+    return {"positional": same / total, "common_prefix": prefix / len(ref)}
+
+
+def _corpus(loaded: Any, requests: int) -> list[list[int]]:
+    from bench.corpus import make_prompts
+    from bench.engine_steps import _prompt_ids
+
+    return [_prompt_ids(loaded.tokenizer, p) for p in make_prompts(0, requests)]
+
+
+def speed(loaded: Any, requests: int, max_tokens: int, timeout_s: float) -> dict:
+    """Step times of every pool and attention path over the same batches."""
+    from mlxserve.scheduler.config import EngineConfig
+    from mlxserve.scheduler.engine import Engine
+    from mlxserve.scheduler.sampling_params import SamplingParams
+
+    paths = ("folded", "dequantize", "quantized-sdpa")
+    configs = [(None, None)] + [(b, p) for b in (8, 4) for p in paths]
+    fan = FanOutExecutor(loaded, configs)
+    slots = requests * 512
+    engine = Engine(
+        fan,
+        EngineConfig(max_total_tokens=slots, max_running_requests=requests),
+        context_length=loaded.context_length,
+        tokenizer=loaded.tokenizer,
+    )
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    res = _serve(engine, _corpus(loaded, requests), params, timeout_s)
+    full = [t for phase, rows, t in fan.steps if phase == "decode" and rows == requests]
+    prefill = [t for phase, _, t in fan.steps if phase == "prefill"]
+    out: dict[str, Any] = {
+        "finished": res["finished"],
+        "requests": requests,
+        "max_tokens": max_tokens,
+        "full_batch_decode_steps": len(full),
+        "configs": {},
+    }
+    for i, (bits, path) in enumerate(configs):
+        step = statistics.median(t[i] for t in full)
+        out["configs"][_name(bits, path)] = {
+            "decode_step_ms": step * 1e3,
+            "decode_tok_s": requests / step,
+            # Per step, the float pool's time over this one's: tok/s relative to float.
+            "x_off_tok_s": statistics.median(t[0] / t[i] for t in full),
+            "prefill_s": sum(t[i] for t in prefill),
+        }
+    return out
+
+
+def quality(loaded: Any, requests: int, max_tokens: int, timeout_s: float) -> dict:
+    """Greedy tokens of each pool (the backend's default attention path) against the
+    float pool's."""
+    from mlxserve.scheduler.sampling_params import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    prompts = _corpus(loaded, requests)
+    tokens = {}
+    for bits in BITS:
+        engine = _engine(
+            loaded, bits, None, max_total_tokens=requests * 512, max_running_requests=requests
+        )
+        res = _serve(engine, prompts, params, timeout_s)
+        tokens[_name(bits)] = res["tokens"]
+        print(f"quality {_name(bits)}: done ({engine.executor.attention})", file=sys.stderr)
+    out: dict[str, Any] = {"requests": requests, "max_tokens": max_tokens, "pools": {}}
+    for name, got in tokens.items():
+        agree = _agreement(got, tokens["off"])
+        out["pools"][name] = {
+            "greedy_equal_positional": agree["positional"],
+            "greedy_equal_prefix": agree["common_prefix"],
+        }
+    return out
+
+
+def long_context(
+    loaded: Any, budget_bytes: int, prompt_tokens: int, max_tokens: int, timeout_s: float
+) -> dict:
+    """The most ``prompt_tokens``-token requests decoding at once in ``budget_bytes``."""
+    from bench.forward_ceiling import prompt_ids
+    from mlxserve.mlx_backend.kv.layer_layout import probe_layout
+    from mlxserve.mlx_backend.logits import vocab_size
+    from mlxserve.mlx_backend.memory import plan_memory
+    from mlxserve.scheduler.sampling_params import SamplingParams
+
+    layout = probe_layout(loaded.model)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    out: dict[str, Any] = {
+        "budget_mib": budget_bytes / 2**20,
+        "prompt_tokens": prompt_tokens,
+        "max_tokens": max_tokens,
+        "pools": {},
+    }
+    for bits in BITS:
+        slots = plan_memory(
+            layout, 0, 1, 1, 1.0, 10**9, quantization=_quant(bits), available_bytes=budget_bytes
+        ).full_tokens
+        # One request more than the slots could hold, so the last one must wait.
+        fits = slots // (prompt_tokens + max_tokens)
+        n = fits + 1
+        prompts = prompt_ids(n, prompt_tokens, vocab_size(loaded.model))
+        engine = _engine(loaded, bits, None, max_total_tokens=slots, max_running_requests=n)
+        start = time.perf_counter()
+        res = _serve(engine, prompts, params, timeout_s)
+        widest = max((s[1] for s in res["steps"] if s[0] == "decode"), default=0)
+        out["pools"][_name(bits)] = {
+            "slots": slots,
+            "requests": n,
+            "finished": res["finished"],
+            "max_concurrent": widest,
+            "wall_s": time.perf_counter() - start,
+        }
+        print(f"long {_name(bits)}: {slots} slots, {widest} at once", file=sys.stderr)
+    return out
+
+
+def loglik(loaded: Any) -> dict:
+    """Mean log-likelihood per token of ``TEXT`` (completions ``echo`` + ``logprobs``)."""
+    import openai
+
+    from mlxserve.scheduler.config import EngineConfig
+    from mlxserve.server.lifecycle.launch import serve_in_background
+
+    out: dict[str, Any] = {"text_chars": len(TEXT), "pools": {}}
+    for bits in BITS:
+        config = EngineConfig(max_total_tokens=4096, kv_bits=bits, kv_group_size=GROUP_SIZE)
+        server = serve_in_background(loaded, config)
+        try:
+            client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+            res = client.completions.create(
+                model=loaded.model_id,
+                prompt=TEXT,
+                max_tokens=1,
+                echo=True,
+                logprobs=0,
+                temperature=0.0,
+            )
+        finally:
+            server.stop()
+        values = [v for v in res.choices[0].logprobs.token_logprobs if v is not None]
+        # The last entry is the generated token's; the text's own are the others.
+        values = values[:-1]
+        out["pools"][_name(bits)] = {
+            "tokens": len(values),
+            "mean_loglik": sum(values) / len(values),
+        }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point: prints (and optionally writes) the results as JSON."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, help="model spec as for mlxserve (default: embedded)")
+    p.add_argument("--parts", default="slots,speed,quality,long,loglik")
+    p.add_argument("--budget-mib", type=float, default=1024.0, help="budget of the slots part")
+    p.add_argument("--requests", type=int, default=32)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--long-budget-mib", type=float, default=256.0)
+    p.add_argument("--long-prompt-tokens", type=int, default=4000)
+    p.add_argument("--long-max-tokens", type=int, default=48)
+    p.add_argument("--timeout", type=float, default=1800.0)
+    p.add_argument("--json", type=Path, help="write the results here")
+    args = p.parse_args(argv)
+    notes = [_env.enable_blas()]
+    from mlxserve.mlx_backend.kv.layer_layout import probe_layout
+    from mlxserve.mlx_backend.loading.loader import load_model
+
+    loaded = load_model(args.model)
+    notes.append(_env.dequantize(loaded.model))
+    parts = set(args.parts.split(","))
+    result: dict[str, Any] = {
+        "notes": notes,
+        "group_size": GROUP_SIZE,
+        "versions": _env.mlx_versions(),
+    }
+    if "slots" in parts:
+        result["slots"] = slots(probe_layout(loaded.model), int(args.budget_mib * 2**20))
+    if "speed" in parts:
+        result["speed"] = speed(loaded, args.requests, args.max_tokens, args.timeout)
+    if "quality" in parts:
+        result["quality"] = quality(loaded, args.requests, args.max_tokens, args.timeout)
+    if "long" in parts:
+        result["long"] = long_context(
+            loaded,
+            int(args.long_budget_mib * 2**20),
+            args.long_prompt_tokens,
+            args.long_max_tokens,
+            args.timeout,
+        )
+    if "loglik" in parts:
+        result["loglik"] = loglik(loaded)
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
