@@ -194,11 +194,11 @@ def logprob_gaps(got: list[list[float]], want: list[list[float]]) -> np.ndarray:
     )
 
 
-def assert_matches(label: str, outputs, refs) -> None:
+def assert_matches(label: str, outputs, refs, rounding_tol: float = ROUNDING_TOL) -> None:
     """Greedy tokens equal, logprobs within the tolerances above."""
     (tokens, logprobs), (ref_tokens, ref_logprobs) = outputs, refs
     for i, (got, want) in enumerate(zip(tokens, ref_tokens, strict=True)):
         assert got == want, f"{label} request {i}: engine {got} != mlx-lm {want}"
     gaps = logprob_gaps(logprobs, ref_logprobs)
-    assert np.median(gaps) <= ROUNDING_TOL, f"{label}: median logprob gap {np.median(gaps):.1e}"
+    assert np.median(gaps) <= rounding_tol, f"{label}: median logprob gap {np.median(gaps):.1e}"
     assert gaps.max() <= LEVEL_FLIP_TOL, f"{label}: a logprob moved by {gaps.max():.1e}"
