@@ -1,16 +1,20 @@
 """Quantized KV pools (``--kv-bits``) against the float pool, side by side in one run.
 
-Four parts, each comparing off / 8-bit / 4-bit (``--parts`` picks some):
+Parts (``--parts`` picks some), each comparing off / 8-bit / 4-bit (group size 64):
 
-- ``slots``: token slots the memory planner gives each pool for the same memory budget.
-- ``decode``: the corpus's chat prompts decoded greedily at batch ``--requests`` for
-  ``--max-tokens`` tokens through the engine (no HTTP), for both attention paths over
-  quantized pools (mlx-lm's quantized SDPA, and dequantize-then-dense-SDPA); the median
-  full-batch decode step, and the share of greedy tokens equal to the float pool's (per
-  position, and as the mean length of the common prefix). Configurations alternate within
-  each of ``--rounds`` rounds, so a neighbour's load hits them alike.
-- ``long``: how many ``--long-prompt-tokens``-token requests run at once in a fixed
-  budget (``--long-budget-mib``): the widest decode batch the engine reached.
+- ``slots``: token slots the memory planner gives each pool for the same budget
+  (``--budget-mib``), for float32 K/V (the CPU) and float16 (what Metal runs).
+- ``speed``: the corpus's chat prompts decoded greedily at batch ``--requests`` for
+  ``--max-tokens`` tokens through the engine (no HTTP), every batch run through one
+  executor per pool and attention path in turn (``FanOutExecutor``): the median
+  full-batch decode step, and per step the float pool's time over each one's (tok/s
+  relative to float, paired step by step so a neighbour's load hits all alike).
+- ``quality``: the same prompts per pool on the backend's default attention path: the
+  share of greedy tokens equal to the float pool's (per position, and the mean common
+  prefix as a share of ``--max-tokens``).
+- ``long``: how many ``--long-prompt-tokens``-token requests decode at once in a fixed
+  budget (``--long-budget-mib``): the widest decode batch the engine reached, with one
+  request more than the slots hold.
 - ``loglik``: mean log-likelihood per token of a fixed text, read through
   ``/v1/completions`` with ``echo`` and ``logprobs`` from a served model.
 
@@ -34,6 +38,8 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import _env  # noqa: E402  (no mlx import: must precede mlx.core)
+from bench.fanout_executor import FanOutExecutor  # noqa: E402
+from bench.kv_quant_report import write_docs  # noqa: E402
 
 BITS = (None, 8, 4)
 GROUP_SIZE = 64
@@ -108,65 +114,6 @@ def _engine(loaded: Any, bits: int | None, path: str | None, **config: Any) -> A
     return Engine(executor, cfg, context_length=loaded.context_length, tokenizer=loaded.tokenizer)
 
 
-class FanOutExecutor:
-    """The engine's ``Executor`` over several MLX executors of the same model (float and
-    quantized pools, each attention path): every batch runs through each of them in a
-    rotating order, timed; the first one's tokens drive the engine. All see the same
-    batches over the same slot ids, so their step times compare side by side under the
-    same load, step by step."""
-
-    def __init__(self, loaded: Any, configs: list[tuple[int | None, str | None]]) -> None:
-        from mlxserve.mlx_backend.executor import MLXExecutor
-
-        self.configs = configs
-        self.executors = [MLXExecutor(loaded.model, kv_attention=path) for _, path in configs]
-        # Per step: phase, rows, seconds per executor.
-        self.steps: list[tuple[str, int, list[float]]] = []
-
-    @property
-    def vocab_size(self) -> int:
-        return self.executors[0].vocab_size
-
-    def materialize(self) -> None:
-        self.executors[0].materialize()
-
-    def plan(self, request: Any) -> Any:
-        import dataclasses
-
-        plans = [
-            ex.plan(dataclasses.replace(request, kv_bits=bits, kv_group_size=GROUP_SIZE))
-            for ex, (bits, _) in zip(self.executors, self.configs, strict=True)
-        ]
-        assert len({p.full_tokens for p in plans}) == 1, "give every pool the same slots"
-        return plans[0]
-
-    def allocate(self, plan: Any) -> None:
-        for ex in self.executors:
-            ex.allocate(plan)
-
-    def forward(self, batch: Any) -> Any:
-        n = len(self.executors)
-        times = [0.0] * n
-        first = len(self.steps) % n
-        out = None
-        for k in range(n):
-            i = (first + k) % n
-            start = time.perf_counter()
-            result = self.executors[i].forward(batch)
-            times[i] = time.perf_counter() - start
-            if i == 0:
-                out = result
-        self.steps.append((batch.phase, batch.batch_size, times))
-        return out
-
-    def memory(self) -> Any:
-        return self.executors[0].memory()
-
-    def close(self) -> None:
-        for ex in self.executors:
-            ex.close()
-
-
 def _serve(engine: Any, prompts: list[list[int]], params: Any, timeout_s: float) -> dict:
     """Run ``prompts`` to the end; returns tokens per request and each forward's
     (phase, rows, seconds)."""
@@ -234,7 +181,7 @@ def speed(loaded: Any, requests: int, max_tokens: int, timeout_s: float) -> dict
 
     paths = ("folded", "dequantize", "quantized-sdpa")
     configs = [(None, None)] + [(b, p) for b in (8, 4) for p in paths]
-    fan = FanOutExecutor(loaded, configs)
+    fan = FanOutExecutor(loaded, configs, GROUP_SIZE)
     slots = requests * 512
     engine = Engine(
         fan,
@@ -377,7 +324,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--long-max-tokens", type=int, default=48)
     p.add_argument("--timeout", type=float, default=1800.0)
     p.add_argument("--json", type=Path, help="write the results here")
+    p.add_argument("--docs", type=Path, help="write the results' section into this markdown")
+    p.add_argument("--from-json", type=Path, help="render --docs from saved results; run nothing")
     args = p.parse_args(argv)
+    command = ".venv/bin/python -m bench.kv_quant " + " ".join(argv or sys.argv[1:])
+    if args.from_json:
+        write_docs(json.loads(args.from_json.read_text()), command, args.docs)
+        return 0
     notes = [_env.enable_blas()]
     from mlxserve.mlx_backend.kv.layer_layout import probe_layout
     from mlxserve.mlx_backend.loading.loader import load_model
@@ -406,11 +359,19 @@ def main(argv: list[str] | None = None) -> int:
         )
     if "loglik" in parts:
         result["loglik"] = loglik(loaded)
+    result["load_after"] = _load()
     text = json.dumps(result, indent=2)
     print(text)
     if args.json:
         args.json.write_text(text + "\n")
+    if args.docs:
+        write_docs(result, command, args.docs)
     return 0
+
+
+def _load() -> str:
+    with open("/proc/loadavg") as f:
+        return f.read().split()[0]
 
 
 if __name__ == "__main__":
