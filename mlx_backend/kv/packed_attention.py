@@ -15,9 +15,10 @@ matching half of the output), so they are never interleaved back into rows::
     scores [B, Hkv, G, M, S] = q_plane [B, Hkv, G, M, D/G/n] @ x_plane^T, summed over planes
     (M = repeats * L: the query heads that share a K/V head, times the query positions)
 
-NOTE: measured on the CPU backend (SmolLM2, 30 layers, batch 32, 250 positions, 8-bit,
-gathers included): this attention 335 ms, the float pool's gather + SDPA 413 ms,
-gather + dequantize + SDPA 468 ms; numbers in docs/benchmarks.md ("Quantized KV").
+NOTE: measured on the CPU backend (SmolLM2's shapes, 30 layers, batch 32, 250 positions,
+8-bit, gathers included, best of 7 beside other jobs): this attention 335 ms, the float
+pool's gather + SDPA 413 ms, gather + dequantize + SDPA 468 ms; whole decode steps in
+docs/benchmarks.md ("Quantized KV").
 """
 
 from __future__ import annotations
