@@ -226,7 +226,8 @@ def quality(loaded: Any, requests: int, max_tokens: int, timeout_s: float) -> di
         )
         res = _serve(engine, prompts, params, timeout_s)
         tokens[_name(bits)] = res["tokens"]
-        print(f"quality {_name(bits)}: done ({engine.executor.attention})", file=sys.stderr)
+        path = engine.executor.attention if bits else "float"
+        print(f"quality {_name(bits)}: done ({path})", file=sys.stderr)
     out: dict[str, Any] = {"requests": requests, "max_tokens": max_tokens, "pools": {}}
     for name, got in tokens.items():
         agree = _agreement(got, tokens["off"])
@@ -315,21 +316,21 @@ def main(argv: list[str] | None = None) -> int:
     """CLI entry point: prints (and optionally writes) the results as JSON."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="model spec as for mlxserve (default: embedded)")
-    p.add_argument("--parts", default="slots,speed,quality,long,loglik")
+    p.add_argument("--parts", default="slots,speed,quality,loglik,long")
     p.add_argument("--budget-mib", type=float, default=1024.0, help="budget of the slots part")
     p.add_argument("--requests", type=int, default=32)
     p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--long-budget-mib", type=float, default=256.0)
+    p.add_argument("--long-budget-mib", type=float, default=192.0)
     p.add_argument("--long-prompt-tokens", type=int, default=4000)
     p.add_argument("--long-max-tokens", type=int, default=48)
-    p.add_argument("--timeout", type=float, default=1800.0)
-    p.add_argument("--json", type=Path, help="write the results here")
+    p.add_argument("--timeout", type=float, default=3600.0, help="per part")
+    p.add_argument("--json", type=Path, help="write the results here, after every part")
+    p.add_argument("--merge", action="store_true", help="keep the other parts of --json")
     p.add_argument("--docs", type=Path, help="write the results' section into this markdown")
     p.add_argument("--from-json", type=Path, help="render --docs from saved results; run nothing")
     args = p.parse_args(argv)
-    command = ".venv/bin/python -m bench.kv_quant " + " ".join(argv or sys.argv[1:])
     if args.from_json:
-        write_docs(json.loads(args.from_json.read_text()), command, args.docs)
+        write_docs(json.loads(args.from_json.read_text()), args.docs)
         return 0
     notes = [_env.enable_blas()]
     from mlxserve.mlx_backend.kv.layer_layout import probe_layout
@@ -337,35 +338,39 @@ def main(argv: list[str] | None = None) -> int:
 
     loaded = load_model(args.model)
     notes.append(_env.dequantize(loaded.model))
-    parts = set(args.parts.split(","))
-    result: dict[str, Any] = {
-        "notes": notes,
-        "group_size": GROUP_SIZE,
-        "versions": _env.mlx_versions(),
-    }
-    if "slots" in parts:
-        result["slots"] = slots(probe_layout(loaded.model), int(args.budget_mib * 2**20))
-    if "speed" in parts:
-        result["speed"] = speed(loaded, args.requests, args.max_tokens, args.timeout)
-    if "quality" in parts:
-        result["quality"] = quality(loaded, args.requests, args.max_tokens, args.timeout)
-    if "long" in parts:
-        result["long"] = long_context(
+    result: dict[str, Any] = {}
+    if args.merge and args.json and args.json.is_file():
+        result = json.loads(args.json.read_text())
+    result.update(notes=notes, group_size=GROUP_SIZE, versions=_env.mlx_versions())
+    command = ".venv/bin/python -m bench.kv_quant " + " ".join(argv or sys.argv[1:])
+    runs = {
+        "slots": lambda: slots(probe_layout(loaded.model), int(args.budget_mib * 2**20)),
+        "speed": lambda: speed(loaded, args.requests, args.max_tokens, args.timeout),
+        "quality": lambda: quality(loaded, args.requests, args.max_tokens, args.timeout),
+        "loglik": lambda: loglik(loaded),
+        "long": lambda: long_context(
             loaded,
             int(args.long_budget_mib * 2**20),
             args.long_prompt_tokens,
             args.long_max_tokens,
             args.timeout,
-        )
-    if "loglik" in parts:
-        result["loglik"] = loglik(loaded)
-    result["load_after"] = _load()
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
+        ),
+    }
+    for part in args.parts.split(","):
+        before, start = _load(), time.time()
+        result[part] = runs[part]()
+        result[part]["run"] = {
+            "command": command,
+            "when": time.strftime("%Y-%m-%d %H:%M", time.localtime(start)),
+            "minutes": round((time.time() - start) / 60, 1),
+            "load_before": before,
+            "load_after": _load(),
+        }
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
     if args.docs:
-        write_docs(result, command, args.docs)
+        write_docs(result, args.docs)
     return 0
 
 

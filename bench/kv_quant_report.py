@@ -17,24 +17,35 @@ def _x(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}x"
 
 
-def markdown(result: dict[str, Any], command: str) -> str:
+def _run(part: dict[str, Any]) -> str:
+    run = part.get("run")
+    if not run:
+        return ""
+    return (
+        f"`{run['command']}`, {run['when']}, {run['minutes']} min, load average "
+        f"{run['load_before']} before and {run['load_after']} after"
+    )
+
+
+def markdown(result: dict[str, Any]) -> str:
     """The "## Quantized KV" section of docs/benchmarks.md from a results dict."""
+    versions = ", ".join(f"{k} {v}" for k, v in result.get("versions", {}).items())
     lines = [
         "## Quantized KV",
         "",
-        f"`{command}` ({result.get('when', '')}; raw JSON in `bench/results/kv_quant.json`; "
-        f"{', '.join(f'{k} {v}' for k, v in result.get('versions', {}).items())}; "
-        f"load average {result.get('load_before', '?')} before, {result.get('load_after', '?')} "
-        "after: other helpers' jobs shared the 2 CPUs, so every speed figure is a ratio "
-        "measured in the same run). SmolLM2-135M (30 layers, 3 K/V heads of 64, float32 "
-        f"K/V on the CPU), group size {result.get('group_size')}.",
+        "`bench/kv_quant.py` (raw JSON in `bench/results/kv_quant.json`; each table names the "
+        f"command that made it). Linux x86_64, 2 cores; {versions}. SmolLM2-135M (30 "
+        "layers, 3 K/V heads of 64, float32 K/V on the CPU), group size "
+        f"{result.get('group_size')}. Other helpers' jobs shared the 2 CPUs throughout (the "
+        "load averages below), so speed figures are ratios measured side by side in one run.",
         "",
     ]
     targets: list[tuple[str, str, bool]] = []
     if "slots" in result:
         sl = result["slots"]
         lines += [
-            f"**Slots in the same budget** ({sl['budget_mib']:.0f} MiB, the memory planner):",
+            f"**Slots in the same budget** ({sl['budget_mib']:.0f} MiB, the memory planner; "
+            f"{_run(sl)}):",
             "",
             "| pool | bytes/token | slots (float32 K/V) | vs float32 "
             "| slots (float16 K/V) | vs float16 |",
@@ -68,7 +79,7 @@ def markdown(result: dict[str, Any], command: str) -> str:
             f"**Decode at batch {sp['requests']}** (the corpus's chat prompts, greedy, "
             f"{sp['max_tokens']} tokens each; {sp['full_batch_decode_steps']} full-batch steps, "
             "each run through every pool and path in turn; 'vs off' is the median of the "
-            "per-step ratios):",
+            f"per-step ratios; {_run(sp)}):",
             "",
             "| pool, attention path | decode step ms | tok/s | vs off | prefill s |",
             "|---|---:|---:|---:|---:|",
@@ -90,7 +101,7 @@ def markdown(result: dict[str, Any], command: str) -> str:
             f"**Quality** (greedy tokens of the same {q.get('requests', '?')} prompts, "
             f"{q.get('max_tokens', '?')} tokens each, against the float pool; mean "
             "log-likelihood per token of a fixed 145-token text through `/v1/completions` "
-            "`echo` + `logprobs`):",
+            f"`echo` + `logprobs`; {_run(q)}; {_run(ll)}):",
             "",
             "| pool | greedy tokens equal (per position) | common prefix | mean log-likelihood |",
             "|---|---:|---:|---:|",
@@ -111,7 +122,7 @@ def markdown(result: dict[str, Any], command: str) -> str:
         lines += [
             f"**Long prompts in a fixed budget** ({lo['budget_mib']:.0f} MiB of KV, "
             f"{lo['prompt_tokens']}-token prompts, {lo['max_tokens']} tokens each, one request "
-            "more than the slots hold):",
+            f"more than the slots hold; {_run(lo)}):",
             "",
             "| pool | slots | requests | decoding at once | wall s |",
             "|---|---:|---:|---:|---:|",
@@ -147,9 +158,9 @@ NOTES = [
 ]
 
 
-def write_docs(result: dict[str, Any], command: str, path: Path) -> None:
+def write_docs(result: dict[str, Any], path: Path) -> None:
     """Replace (or append) the "## Quantized KV" section of ``path``."""
-    section = markdown(result, command)
+    section = markdown(result)
     text = path.read_text() if path.is_file() else ""
     parts = ("\n" + text).split("\n## ")
     kept = [parts[0].lstrip("\n")] + [

@@ -27,14 +27,14 @@ class TestSection:
         path.write_text(
             "# Benchmarks\n\nintro\n\n## Quantized KV\n\nOLD-SECTION\n\n## Prefix cache\n\nkept\n"
         )
-        write_docs(RESULT, "cmd", path)
+        write_docs(RESULT, path)
         text = path.read_text()
         assert text.count("## Quantized KV") == 1 and "OLD-SECTION" not in text, text
         assert "## Prefix cache\n\nkept" in text and text.startswith("# Benchmarks\n\nintro"), text
 
     def test_targets_say_which_were_met(self, tmp_path):
         path = tmp_path / "benchmarks.md"
-        write_docs(RESULT, "cmd", path)
+        write_docs(RESULT, path)
         text = path.read_text()
         assert "| 8-bit slots >= 3.5x the float32 pool | 3.55x | yes |" in text, text
         assert "| 4-bit slots >= 6.0x the float32 pool | 5.80x | NO |" in text, text
