@@ -2,8 +2,9 @@
 
 Per attention cache of the model, K ``[n_kv_heads * (space + 1), k_head_dim]`` and V likewise,
 where ``space`` is the size of the cache's slot space (full or sliding); with ``--kv-bits``
-a row is a packed row of uint32 words (quantized values, scales and biases). Per recurrent cache,
-one array ``[state_slots + 1, *shape]`` per state tensor. Slot 0 is padding everywhere.
+a row is a packed row of uint32 words (quantized values, scales and biases,
+``kv/quantization.py``). Per recurrent cache, one array ``[state_slots + 1, *shape]`` per
+state tensor. Slot 0 is padding everywhere.
 
 NOTE: head-major K/V: a gather gives ``[H, B, S, D]`` whose ``[S, D]`` matrices are
 contiguous, so attention reads them through batch strides. The token-major layout
