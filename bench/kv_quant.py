@@ -15,6 +15,8 @@ Parts (``--parts`` picks some), each comparing off / 8-bit / 4-bit (group size 6
 - ``long``: how many ``--long-prompt-tokens``-token requests decode at once in a fixed
   budget (``--long-budget-mib``): the widest decode batch the engine reached, with one
   request more than the slots hold.
+- ``mlx_lm_quality``: the same agreement for mlx-lm itself (each prompt alone, float cache
+  against a ``QuantizedKVCache`` per layer from the first token).
 - ``loglik``: mean log-likelihood per token of a fixed text, read through
   ``/v1/completions`` with ``echo`` and ``logprobs`` from a served model.
 
@@ -238,6 +240,40 @@ def quality(loaded: Any, requests: int, max_tokens: int, timeout_s: float) -> di
     return out
 
 
+def mlx_lm_quality(loaded: Any, requests: int, max_tokens: int) -> dict:
+    """The same agreement for mlx-lm itself: each prompt generated alone on its float
+    cache and on a ``QuantizedKVCache`` per layer from the first token."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+    from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
+
+    def generate(prompt: list[int], bits: int | None) -> list[int]:
+        caches = make_prompt_cache(loaded.model)
+        if bits is not None:
+            caches = [
+                QuantizedKVCache(GROUP_SIZE, bits) if type(c) is KVCache else c for c in caches
+            ]
+        steps = generate_step(
+            mx.array(prompt),
+            loaded.model,
+            max_tokens=max_tokens,
+            sampler=lambda x: mx.argmax(x, axis=-1),
+            prompt_cache=caches,
+        )
+        return [int(t) for t, _ in steps]
+
+    prompts = _corpus(loaded, requests)
+    tokens = {_name(b): {i: generate(p, b) for i, p in enumerate(prompts)} for b in BITS}
+    out: dict[str, Any] = {"requests": requests, "max_tokens": max_tokens, "pools": {}}
+    for name, got in tokens.items():
+        agree = _agreement(got, tokens["off"])
+        out["pools"][name] = {
+            "greedy_equal_positional": agree["positional"],
+            "greedy_equal_prefix": agree["common_prefix"],
+        }
+    return out
+
+
 def long_context(
     loaded: Any, budget_bytes: int, prompt_tokens: int, max_tokens: int, timeout_s: float
 ) -> dict:
@@ -348,6 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         "speed": lambda: speed(loaded, args.requests, args.max_tokens, args.timeout),
         "quality": lambda: quality(loaded, args.requests, args.max_tokens, args.timeout),
         "loglik": lambda: loglik(loaded),
+        "mlx_lm_quality": lambda: mlx_lm_quality(loaded, args.requests, args.max_tokens),
         "long": lambda: long_context(
             loaded,
             int(args.long_budget_mib * 2**20),

@@ -17,24 +17,38 @@ def _x(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}x"
 
 
+def _text_tokens(result: dict[str, Any]) -> str:
+    pools = result.get("loglik", {}).get("pools", {})
+    return str(next(iter(pools.values()))["tokens"]) if pools else "?"
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1%}"
+
+
 def _run(part: dict[str, Any]) -> str:
     run = part.get("run")
     if not run:
         return ""
     return (
-        f"`{run['command']}`, {run['when']}, {run['minutes']} min, load average "
-        f"{run['load_before']} before and {run['load_after']} after"
+        f"run {run['when']}, {run['minutes']} min, load average {run['load_before']} -> "
+        f"{run['load_after']}"
     )
 
 
 def markdown(result: dict[str, Any]) -> str:
     """The "## Quantized KV" section of docs/benchmarks.md from a results dict."""
     versions = ", ".join(f"{k} {v}" for k, v in result.get("versions", {}).items())
+    commands = []
+    for part in result.values():
+        command = part.get("run", {}).get("command") if isinstance(part, dict) else None
+        if command and command not in commands:
+            commands.append(command)
     lines = [
         "## Quantized KV",
         "",
-        "`bench/kv_quant.py` (raw JSON in `bench/results/kv_quant.json`; each table names the "
-        f"command that made it). Linux x86_64, 2 cores; {versions}. SmolLM2-135M (30 "
+        " then ".join(f"`{c}`" for c in commands) + " (raw JSON in "
+        f"`bench/results/kv_quant.json`). Linux x86_64, 2 cores; {versions}. SmolLM2-135M (30 "
         "layers, 3 K/V heads of 64, float32 K/V on the CPU), group size "
         f"{result.get('group_size')}. Other helpers' jobs shared the 2 CPUs throughout (the "
         "load averages below), so speed figures are ratios measured side by side in one run.",
@@ -100,23 +114,29 @@ def markdown(result: dict[str, Any]) -> str:
         lines += [
             f"**Quality** (greedy tokens of the same {q.get('requests', '?')} prompts, "
             f"{q.get('max_tokens', '?')} tokens each, against the float pool; mean "
-            "log-likelihood per token of a fixed 145-token text through `/v1/completions` "
+            f"log-likelihood per token of a fixed {_text_tokens(result)}-token text through "
+            "`/v1/completions` "
             f"`echo` + `logprobs`; {_run(q)}; {_run(ll)}):",
             "",
-            "| pool | greedy tokens equal (per position) | common prefix | mean log-likelihood |",
-            "|---|---:|---:|---:|",
+            "| pool | greedy tokens equal (per position) | common prefix | mlx-lm alone: "
+            "equal | mlx-lm alone: common prefix | mean log-likelihood |",
+            "|---|---:|---:|---:|---:|---:|",
         ]
+        ref = result.get("mlx_lm_quality", {"pools": {}})
         for name in BITS:
             n = _name(name)
-            qp, lp = q["pools"].get(n, {}), ll["pools"].get(n, {})
-            pos = qp.get("greedy_equal_positional")
-            pre = qp.get("greedy_equal_prefix")
-            mean = lp.get("mean_loglik")
-            pos = "-" if pos is None else f"{pos:.1%}"
-            pre = "-" if pre is None else f"{pre:.1%}"
-            mean = "-" if mean is None else f"{mean:.4f}"
-            lines.append(f"| {n} | {pos} | {pre} | {mean} |")
+            qp, rp, lp = q["pools"].get(n, {}), ref["pools"].get(n, {}), ll["pools"].get(n, {})
+            cells = [
+                _pct(qp.get("greedy_equal_positional")),
+                _pct(qp.get("greedy_equal_prefix")),
+                _pct(rp.get("greedy_equal_positional")),
+                _pct(rp.get("greedy_equal_prefix")),
+                "-" if lp.get("mean_loglik") is None else f"{lp['mean_loglik']:.4f}",
+            ]
+            lines.append(f"| {n} | {' | '.join(cells)} |")
         lines.append("")
+        if ref.get("run"):
+            lines += [f"mlx-lm alone: {_run(ref)}.", ""]
     if "long" in result:
         lo = result["long"]
         lines += [
