@@ -31,7 +31,6 @@ import argparse
 import json
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -41,34 +40,17 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
 
 from bench import _env  # noqa: E402  (no mlx import: must precede mlx.core)
 from bench.fanout_executor import FanOutExecutor  # noqa: E402
-from bench.kv_quant_report import write_docs  # noqa: E402
-
-BITS = (None, 8, 4)
-GROUP_SIZE = 64
-# A fixed English text for the log-likelihood figure (public-domain: the opening of
-# Dickens's "A Tale of Two Cities").
-TEXT = (
-    "It was the best of times, it was the worst of times, it was the age of wisdom, it was "
-    "the age of foolishness, it was the epoch of belief, it was the epoch of incredulity, "
-    "it was the season of Light, it was the season of Darkness, it was the spring of hope, "
-    "it was the winter of despair, we had everything before us, we had nothing before us, "
-    "we were all going direct to Heaven, we were all going direct the other way - in short, "
-    "the period was so far like the present period, that some of its noisiest authorities "
-    "insisted on its being received, for good or for evil, in the superlative degree of "
-    "comparison only."
+from bench.kv_quant_common import (  # noqa: E402
+    BITS,
+    GROUP_SIZE,
+    corpus,
+    make_engine,
+    pool_name,
+    quant,
+    serve,
 )
-
-
-def _name(bits: int | None, path: str | None = None) -> str:
-    if bits is None:
-        return "off"
-    return f"{bits}-bit" + (f" {path}" if path else "")
-
-
-def _quant(bits: int | None):  # noqa: ANN202
-    from mlxserve.mlx_backend.kv.quantization import KVQuantization
-
-    return None if bits is None else KVQuantization(bits, GROUP_SIZE)
+from bench.kv_quant_quality import loglik, mlx_lm_quality, quality  # noqa: E402
+from bench.kv_quant_report import write_docs  # noqa: E402
 
 
 def slots(layout: Any, budget_bytes: int) -> dict[str, Any]:
@@ -83,7 +65,7 @@ def slots(layout: Any, budget_bytes: int) -> dict[str, Any]:
 
     def plan(layout: LayerLayout, bits: int | None) -> int:
         return plan_memory(
-            layout, 0, 1, 1, 1.0, 10**9, quantization=_quant(bits), available_bytes=budget_bytes
+            layout, 0, 1, 1, 1.0, 10**9, quantization=quant(bits), available_bytes=budget_bytes
         ).full_tokens
 
     half = LayerLayout(
@@ -94,8 +76,8 @@ def slots(layout: Any, budget_bytes: int) -> dict[str, Any]:
     )
     out: dict[str, Any] = {"budget_mib": budget_bytes / 2**20, "pools": {}}
     for bits in BITS:
-        out["pools"][_name(bits)] = {
-            "bytes_per_token": layout.bytes_per_token("full", _quant(bits)),
+        out["pools"][pool_name(bits)] = {
+            "bytes_per_token": layout.bytes_per_token("full", quant(bits)),
             "slots": plan(layout, bits),
             "float16_slots": plan(half, bits),
         }
@@ -104,75 +86,6 @@ def slots(layout: Any, budget_bytes: int) -> dict[str, Any]:
         pool["x_float32"] = pool["slots"] / base
         pool["x_float16"] = pool["float16_slots"] / base16
     return out
-
-
-def _engine(loaded: Any, bits: int | None, path: str | None, **config: Any) -> Any:
-    from mlxserve.mlx_backend.executor import MLXExecutor
-    from mlxserve.scheduler.config import EngineConfig
-    from mlxserve.scheduler.engine import Engine
-
-    cfg = EngineConfig(kv_bits=bits, kv_group_size=GROUP_SIZE, **config)
-    executor = MLXExecutor(loaded.model, seed=cfg.seed, kv_attention=path)
-    return Engine(executor, cfg, context_length=loaded.context_length, tokenizer=loaded.tokenizer)
-
-
-def _serve(engine: Any, prompts: list[list[int]], params: Any, timeout_s: float) -> dict:
-    """Run ``prompts`` to the end; returns tokens per request and each forward's
-    (phase, rows, seconds)."""
-    steps: list[tuple[str, int, float]] = []
-    forward = engine.executor.forward
-
-    def timed(batch: Any) -> Any:
-        start = time.perf_counter()
-        out = forward(batch)
-        steps.append((batch.phase, batch.batch_size, time.perf_counter() - start))
-        return out
-
-    engine.executor.forward = timed
-    tokens: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
-    done = threading.Event()
-    left = [len(prompts)]
-    lock = threading.Lock()
-
-    def on_output(i: int):  # noqa: ANN202
-        def callback(event: Any) -> None:
-            tokens[i].extend(event.new_token_ids)
-            if event.finished:
-                with lock:
-                    left[0] -= 1
-                    if left[0] == 0:
-                        done.set()
-
-        return callback
-
-    engine.start()
-    try:
-        for i, ids in enumerate(prompts):
-            engine.add_request(f"r{i}", ids, params, on_output(i))
-        finished = done.wait(timeout_s)
-    finally:
-        engine.shutdown()
-    return {"finished": finished, "tokens": tokens, "steps": steps}
-
-
-def _agreement(got: dict[int, list[int]], ref: dict[int, list[int]]) -> dict[str, float]:
-    same = total = prefix = 0
-    for i, want in ref.items():
-        have = got[i]
-        same += sum(a == b for a, b in zip(have, want, strict=False))
-        total += len(want)
-        n = 0
-        while n < min(len(have), len(want)) and have[n] == want[n]:
-            n += 1
-        prefix += n / len(want)
-    return {"positional": same / total, "common_prefix": prefix / len(ref)}
-
-
-def _corpus(loaded: Any, requests: int) -> list[list[int]]:
-    from bench.corpus import make_prompts
-    from bench.engine_steps import _prompt_ids
-
-    return [_prompt_ids(loaded.tokenizer, p) for p in make_prompts(0, requests)]
 
 
 def speed(loaded: Any, requests: int, max_tokens: int, timeout_s: float) -> dict:
@@ -192,7 +105,7 @@ def speed(loaded: Any, requests: int, max_tokens: int, timeout_s: float) -> dict
         tokenizer=loaded.tokenizer,
     )
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    res = _serve(engine, _corpus(loaded, requests), params, timeout_s)
+    res = serve(engine, corpus(loaded, requests), params, timeout_s)
     full = [t for phase, rows, t in fan.steps if phase == "decode" and rows == requests]
     prefill = [t for phase, _, t in fan.steps if phase == "prefill"]
     out: dict[str, Any] = {
@@ -204,72 +117,12 @@ def speed(loaded: Any, requests: int, max_tokens: int, timeout_s: float) -> dict
     }
     for i, (bits, path) in enumerate(configs):
         step = statistics.median(t[i] for t in full)
-        out["configs"][_name(bits, path)] = {
+        out["configs"][pool_name(bits, path)] = {
             "decode_step_ms": step * 1e3,
             "decode_tok_s": requests / step,
             # Per step, the float pool's time over this one's: tok/s relative to float.
             "x_off_tok_s": statistics.median(t[0] / t[i] for t in full),
             "prefill_s": sum(t[i] for t in prefill),
-        }
-    return out
-
-
-def quality(loaded: Any, requests: int, max_tokens: int, timeout_s: float) -> dict:
-    """Greedy tokens of each pool (the backend's default attention path) against the
-    float pool's."""
-    from mlxserve.scheduler.sampling_params import SamplingParams
-
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    prompts = _corpus(loaded, requests)
-    tokens = {}
-    for bits in BITS:
-        engine = _engine(
-            loaded, bits, None, max_total_tokens=requests * 512, max_running_requests=requests
-        )
-        res = _serve(engine, prompts, params, timeout_s)
-        tokens[_name(bits)] = res["tokens"]
-        path = engine.executor.attention if bits else "float"
-        print(f"quality {_name(bits)}: done ({path})", file=sys.stderr)
-    out: dict[str, Any] = {"requests": requests, "max_tokens": max_tokens, "pools": {}}
-    for name, got in tokens.items():
-        agree = _agreement(got, tokens["off"])
-        out["pools"][name] = {
-            "greedy_equal_positional": agree["positional"],
-            "greedy_equal_prefix": agree["common_prefix"],
-        }
-    return out
-
-
-def mlx_lm_quality(loaded: Any, requests: int, max_tokens: int) -> dict:
-    """The same agreement for mlx-lm itself: each prompt generated alone on its float
-    cache and on a ``QuantizedKVCache`` per layer from the first token."""
-    import mlx.core as mx
-    from mlx_lm.generate import generate_step
-    from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
-
-    def generate(prompt: list[int], bits: int | None) -> list[int]:
-        caches = make_prompt_cache(loaded.model)
-        if bits is not None:
-            caches = [
-                QuantizedKVCache(GROUP_SIZE, bits) if type(c) is KVCache else c for c in caches
-            ]
-        steps = generate_step(
-            mx.array(prompt),
-            loaded.model,
-            max_tokens=max_tokens,
-            sampler=lambda x: mx.argmax(x, axis=-1),
-            prompt_cache=caches,
-        )
-        return [int(t) for t, _ in steps]
-
-    prompts = _corpus(loaded, requests)
-    tokens = {_name(b): {i: generate(p, b) for i, p in enumerate(prompts)} for b in BITS}
-    out: dict[str, Any] = {"requests": requests, "max_tokens": max_tokens, "pools": {}}
-    for name, got in tokens.items():
-        agree = _agreement(got, tokens["off"])
-        out["pools"][name] = {
-            "greedy_equal_positional": agree["positional"],
-            "greedy_equal_prefix": agree["common_prefix"],
         }
     return out
 
@@ -294,57 +147,24 @@ def long_context(
     }
     for bits in BITS:
         slots = plan_memory(
-            layout, 0, 1, 1, 1.0, 10**9, quantization=_quant(bits), available_bytes=budget_bytes
+            layout, 0, 1, 1, 1.0, 10**9, quantization=quant(bits), available_bytes=budget_bytes
         ).full_tokens
         # One request more than the slots could hold, so the last one must wait.
         fits = slots // (prompt_tokens + max_tokens)
         n = fits + 1
         prompts = prompt_ids(n, prompt_tokens, vocab_size(loaded.model))
-        engine = _engine(loaded, bits, None, max_total_tokens=slots, max_running_requests=n)
+        engine = make_engine(loaded, bits, None, max_total_tokens=slots, max_running_requests=n)
         start = time.perf_counter()
-        res = _serve(engine, prompts, params, timeout_s)
+        res = serve(engine, prompts, params, timeout_s)
         widest = max((s[1] for s in res["steps"] if s[0] == "decode"), default=0)
-        out["pools"][_name(bits)] = {
+        out["pools"][pool_name(bits)] = {
             "slots": slots,
             "requests": n,
             "finished": res["finished"],
             "max_concurrent": widest,
             "wall_s": time.perf_counter() - start,
         }
-        print(f"long {_name(bits)}: {slots} slots, {widest} at once", file=sys.stderr)
-    return out
-
-
-def loglik(loaded: Any) -> dict:
-    """Mean log-likelihood per token of ``TEXT`` (completions ``echo`` + ``logprobs``)."""
-    import openai
-
-    from mlxserve.scheduler.config import EngineConfig
-    from mlxserve.server.lifecycle.launch import serve_in_background
-
-    out: dict[str, Any] = {"text_chars": len(TEXT), "pools": {}}
-    for bits in BITS:
-        config = EngineConfig(max_total_tokens=4096, kv_bits=bits, kv_group_size=GROUP_SIZE)
-        server = serve_in_background(loaded, config)
-        try:
-            client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
-            res = client.completions.create(
-                model=loaded.model_id,
-                prompt=TEXT,
-                max_tokens=1,
-                echo=True,
-                logprobs=0,
-                temperature=0.0,
-            )
-        finally:
-            server.stop()
-        values = [v for v in res.choices[0].logprobs.token_logprobs if v is not None]
-        # The last entry is the generated token's; the text's own are the others.
-        values = values[:-1]
-        out["pools"][_name(bits)] = {
-            "tokens": len(values),
-            "mean_loglik": sum(values) / len(values),
-        }
+        print(f"long {pool_name(bits)}: {slots} slots, {widest} at once", file=sys.stderr)
     return out
 
 
