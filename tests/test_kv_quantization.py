@@ -333,7 +333,7 @@ def smollm_refs(smollm):
     refs = references(smollm, prompts, 8, 64, max_tokens=8)
     floats = references(smollm, prompts, None, 64, max_tokens=8)
     assert refs[0] == floats[0], "pick prompts whose tokens 8-bit K/V leaves alone"
-    return prompts, refs, np.median(logprob_gaps(refs[1], floats[1]))
+    return prompts, refs, logprob_gaps(refs[1], floats[1])
 
 
 class TestSmolLM2:
@@ -341,12 +341,13 @@ class TestSmolLM2:
     # (batching, another attention order) move a few values across a quantization level
     # every token, so batched logprobs sit a median ~1.2e-3 from the reference on either
     # path (4e-5 for a request alone on quantized-sdpa), where 8-bit K/V itself moves
-    # them a median ~5.7e-3 from the float cache (measured). The bound is relative:
-    # half of what quantization itself moves.
+    # them a median ~5.7e-3 from the float cache (measured; up to 0.19). The bounds are
+    # relative: half of what quantization itself moves, at the median and at the worst.
     @pytest.mark.parametrize("path", ["quantized-sdpa", "folded"])
     def test_concurrent_requests_match_mlx_lm(self, smollm, smollm_refs, quant_engine, path):
         # quantized-sdpa: tokens exactly; folded (the CPU default): equal on these prompts.
         prompts, refs, moved = smollm_refs
         engine = quant_engine(smollm, path, max_total_tokens=1024, kv_bits=8, kv_group_size=64)
         outputs = run_greedy(engine, prompts, 8)
-        assert_matches(f"SmolLM2 {path}", outputs, refs, rounding_tol=0.5 * moved)
+        tols = {"rounding_tol": 0.5 * np.median(moved), "level_flip_tol": 0.5 * moved.max()}
+        assert_matches(f"SmolLM2 {path}", outputs, refs, **tols)
