@@ -15,13 +15,19 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
-from mlxserve.mlx_backend.attention.dispatch import AttentionPlan, plan_attention
+from mlxserve.mlx_backend.attention.dispatch import AttentionPlan, install_dispatch, plan_attention
 from mlxserve.mlx_backend.cpu.blas_threads import AdaptiveBlasThreads
 from mlxserve.mlx_backend.cpu.thread_policy import cpu_thread_policy
 from mlxserve.mlx_backend.kv.cache_view import BatchCaches, BatchContext
 from mlxserve.mlx_backend.kv.kv_pool import KVPool, StatePool
-from mlxserve.mlx_backend.kv.layer_layout import LayerLayout, probe_layout
+from mlxserve.mlx_backend.kv.layer_layout import LayerLayout, probe_layout, probe_quantized_sdpa
 from mlxserve.mlx_backend.kv.packed_context import PackedBatchContext
+from mlxserve.mlx_backend.kv.quantization import (
+    ATTENTION_PATHS,
+    AttentionPath,
+    KVQuantization,
+    default_attention_path,
+)
 from mlxserve.mlx_backend.logits import LastTokenLogits, vocab_size
 from mlxserve.mlx_backend.logprobs import prompt_logprobs, prompt_positions, sampled_logprobs
 from mlxserve.mlx_backend.memory import plan_memory
@@ -30,6 +36,13 @@ from mlxserve.scheduler.batch import ForwardBatch, ForwardOutput
 from mlxserve.scheduler.memory_plan import MemoryPlan, MemoryStats, PoolRequest
 
 logger = logging.getLogger(__name__)
+
+_ATTENTION_LOG = {
+    "quantized-sdpa": "mlx-lm's quantized SDPA on the packed K/V",
+    "dequantize": "gathered K/V dequantized, then the model's dense SDPA",
+    "folded": "mlxserve's attention on the packed K/V, scales and biases folded into "
+    "the scores (calls it does not cover dequantize)",
+}
 
 
 class MLXExecutor:
@@ -42,11 +55,21 @@ class MLXExecutor:
     Args:
         model: an mlx-lm model (``model(inputs, cache=[...]) -> logits``).
         seed: seed of the sampling RNG.
+        kv_attention: how attention reads quantized K/V pools (None: the faster path of
+            this backend, ``default_attention_path``); a model that cannot run mlx-lm's
+            quantized SDPA (attention sinks, its own attention code) dequantizes instead.
     """
 
-    def __init__(self, model: nn.Module, seed: int = 0) -> None:
+    def __init__(
+        self, model: nn.Module, seed: int = 0, kv_attention: AttentionPath | None = None
+    ) -> None:
+        if kv_attention is not None and kv_attention not in ATTENTION_PATHS:
+            raise ValueError(f"kv_attention must be one of {ATTENTION_PATHS}, got {kv_attention!r}")
         self.model = model
         self.seed = seed
+        self.kv_attention = kv_attention
+        self.quantization: KVQuantization | None = None
+        self.quantized_attention: AttentionPath = "dequantize"
         self.layout: LayerLayout | None = None
         self.kv: KVPool | None = None
         self.states: StatePool | None = None
@@ -72,9 +95,23 @@ class MLXExecutor:
 
     def plan(self, request: PoolRequest) -> MemoryPlan:
         """Probe the model's caches (one token through mlx-lm's own), decide each attention
-        layer's path and size the pools."""
+        layer's path and size the pools.
+
+        Raises:
+            ValueError: ``kv_group_size`` does not divide the model's K/V head dims.
+        """
         self.layout = probe_layout(self.model)
-        self.attention = plan_attention(self.model, self.layout)
+        self.quantization = None
+        if request.kv_bits is None:
+            self.attention = plan_attention(self.model, self.layout)
+        else:
+            # The native op reads float32 pools only: quantized pools take one of the
+            # quantized paths for every layer (no ragged layer, so no packed steps).
+            self.quantization = KVQuantization(request.kv_bits, request.kv_group_size)
+            self.layout.check_quantization(self.quantization)
+            self.quantized_attention = self._quantized_path(self.quantization)
+            described = _ATTENTION_LOG[self.quantized_attention]
+            self.attention = AttentionPlan(frozenset(), f"quantized K/V pools: {described}")
         ragged = self._all_ragged()
         plan = plan_memory(
             self.layout,
@@ -85,14 +122,35 @@ class MLXExecutor:
             request.context_length,
             prefix_cache=request.prefix_cache,
             memory_bytes=request.memory_bytes,
+            quantization=self.quantization,
         )
         return dataclasses.replace(plan, ragged_attention=ragged)
+
+    def _quantized_path(self, quantization: KVQuantization) -> AttentionPath:
+        path = self.kv_attention or default_attention_path()
+        if path == "quantized-sdpa":
+            failure = probe_quantized_sdpa(self.model, quantization)
+            if failure is not None:
+                logger.warning(
+                    "this model cannot run mlx-lm's quantized attention (%s); "
+                    "quantized K/V is dequantized for a dense attention instead",
+                    failure,
+                )
+                path = "dequantize"
+        if path == "folded" and not install_dispatch(self.model):
+            logger.warning(
+                "this model's attention does not call mlx-lm's scaled_dot_product_attention; "
+                "quantized K/V is dequantized for it"
+            )
+            path = "dequantize"
+        return path
 
     def allocate(self, plan: MemoryPlan) -> None:
         if self.layout is None:
             self.layout = probe_layout(self.model)
         layout = self.layout
-        self.kv = KVPool(layout, plan.full_tokens, plan.sliding_tokens)
+        quant = self.quantization
+        self.kv = KVPool(layout, plan.full_tokens, plan.sliding_tokens, quant)
         self.states = StatePool(layout, plan.state_slots)
         self.sampler = Sampler(self.seed)
         self.logits = LastTokenLogits(self.model)
@@ -105,13 +163,14 @@ class MLXExecutor:
             logger.info("attention layer %d keeps MLX's SDPA over gathered K/V: %s", index, why)
         mib = 2**-20
         logger.info(
-            "KV pools: %d full-attention slots (%.1f MiB), %d sliding-window slots "
+            "KV pools (%s): %d full-attention slots (%.1f MiB), %d sliding-window slots "
             "(window %s, %.1f MiB), %d recurrent-state slots (%.1f MiB)",
+            "float" if quant is None else quant.describe(),
             plan.full_tokens,
-            plan.full_tokens * layout.bytes_per_token("full") * mib,
+            plan.full_tokens * layout.bytes_per_token("full", quant) * mib,
             plan.sliding_tokens,
             plan.window,
-            plan.sliding_tokens * layout.bytes_per_token("sliding") * mib,
+            plan.sliding_tokens * layout.bytes_per_token("sliding", quant) * mib,
             plan.state_slots,
             plan.state_slots * layout.bytes_per_state_slot * mib,
         )
@@ -217,7 +276,12 @@ class MLXExecutor:
         ``embed`` the last positions' hidden states too."""
         ctx = PackedBatchContext(batch, rows) if packed else BatchContext(batch, rows)
         caches = BatchCaches(
-            self.layout.specs, self.kv, self.states, ctx, self.attention.ragged_layers
+            self.layout.specs,
+            self.kv,
+            self.states,
+            ctx,
+            self.attention.ragged_layers,
+            self.quantized_attention,
         )
         n = len(rows)
         pick_rows = np.arange(n)

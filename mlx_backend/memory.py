@@ -7,6 +7,7 @@ import os
 import mlx.core as mx
 
 from mlxserve.mlx_backend.kv.layer_layout import LayerLayout
+from mlxserve.mlx_backend.kv.quantization import KVQuantization
 from mlxserve.scheduler.memory_plan import MemoryPlan
 
 
@@ -53,6 +54,7 @@ def plan_memory(
     context_length: int,
     prefix_cache: bool = False,
     memory_bytes: int = 0,
+    quantization: KVQuantization | None = None,
 ) -> MemoryPlan:
     """Slot counts for every space the model's layers need.
 
@@ -61,18 +63,20 @@ def plan_memory(
     slots (the window and state it keeps at a request's insert point stay locked while the
     request runs). The full space gets ``max_total_tokens``, or what is left of
     ``memory_bytes`` (0: ``mem_fraction`` of free memory) after those two. The plan's
-    ``pool_bytes`` is what all the pools take.
+    ``pool_bytes`` is what all the pools take. Slots are counted in the bytes the pools
+    store per token: with ``quantization``, packed values, scales and biases, so the same
+    budget holds more of them.
     """
     window = layout.sliding_window
     copies = 2 if prefix_cache else 1
     sliding = max_running_requests * (copies * window + max_prefill_tokens) if window else 0
     states = max_running_requests * copies if layout.recurrent else 0
     full = 0
-    per_token = layout.bytes_per_token("full")
+    per_token = layout.bytes_per_token("full", quantization)
     if per_token:
         full = max_total_tokens
         if not full:
-            fixed = sliding * layout.bytes_per_token("sliding")
+            fixed = sliding * layout.bytes_per_token("sliding", quantization)
             fixed += states * layout.bytes_per_state_slot
             total = memory_bytes or int(available_memory_bytes() * mem_fraction)
             budget = total - fixed
@@ -83,7 +87,7 @@ def plan_memory(
         sliding = max(max_total_tokens, window + max_prefill_tokens)
     pool_bytes = (
         full * per_token
-        + sliding * layout.bytes_per_token("sliding")
+        + sliding * layout.bytes_per_token("sliding", quantization)
         + states * layout.bytes_per_state_slot
     )
     return MemoryPlan(

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+KV_BITS = (8, 4)
+KV_GROUP_SIZES = (32, 64, 128)
 
 
 @dataclass(frozen=True)
@@ -21,6 +25,11 @@ class EngineConfig:
         seed: seed of the engine's sampling RNG.
         disable_prefix_cache: recompute every prompt instead of reusing the K/V (and
             recurrent state) of earlier requests that share a prefix with it.
+        kv_bits: store the K/V of attention layers quantized to this many bits (mlx-lm's
+            format: packed values with a scale and a bias per group), so the same memory
+            holds about 3.5x (8-bit) or 6x (4-bit) the tokens of a float32 pool; recurrent
+            state stays float (default: off).
+        kv_group_size: values of a K/V head row sharing one scale and bias with --kv-bits.
     """
 
     max_total_tokens: int = 0
@@ -30,6 +39,8 @@ class EngineConfig:
     kv_memory_bytes: int = 0
     seed: int = 0
     disable_prefix_cache: bool = False
+    kv_bits: Literal[8, 4] | None = None
+    kv_group_size: Literal[32, 64, 128] = 64
 
     def __post_init__(self) -> None:
         if self.max_total_tokens < 0:
@@ -42,3 +53,9 @@ class EngineConfig:
             raise ValueError(f"kv_memory_bytes must be >= 0, got {self.kv_memory_bytes}")
         if not 0 < self.mem_fraction <= 1:
             raise ValueError(f"mem_fraction must be in (0, 1], got {self.mem_fraction}")
+        if self.kv_bits is not None and self.kv_bits not in KV_BITS:
+            raise ValueError(f"kv_bits must be one of {KV_BITS} or None, got {self.kv_bits}")
+        if self.kv_group_size not in KV_GROUP_SIZES:
+            raise ValueError(
+                f"kv_group_size must be one of {KV_GROUP_SIZES}, got {self.kv_group_size}"
+            )

@@ -236,6 +236,8 @@ class Engine:
                 context_length=context,
                 prefix_cache=not cfg.disable_prefix_cache,
                 memory_bytes=cfg.kv_memory_bytes,
+                kv_bits=cfg.kv_bits,
+                kv_group_size=cfg.kv_group_size,
             )
         )
         self.plan = plan

@@ -52,6 +52,8 @@ class PoolRequest:
         prefix_cache: the prefix cache is on (it keeps extra windows and state snapshots).
         memory_bytes: bytes the pools may take when sized automatically (0:
             ``mem_fraction`` of free memory).
+        kv_bits: quantize the K/V pools to this many bits (None: float pools).
+        kv_group_size: values per scale and bias of a quantized K/V row.
     """
 
     max_total_tokens: int
@@ -61,6 +63,8 @@ class PoolRequest:
     context_length: int
     prefix_cache: bool
     memory_bytes: int = 0
+    kv_bits: int | None = None
+    kv_group_size: int = 64
 
 
 @dataclass(frozen=True)

@@ -63,8 +63,11 @@ def _add_dataclass_options(
         else:
             raise TypeError(f"{cls.__name__}.{field.name} needs a default to be a CLI option")
         kwargs: dict[str, Any] = {"default": default, "dest": field.name}
-        choices = typing.get_args(hint) if typing.get_origin(hint) is typing.Literal else None
         args = [a for a in typing.get_args(hint) if a is not type(None)]
+        literal = hint
+        if len(args) == 1 and typing.get_origin(args[0]) is typing.Literal:
+            literal = args[0]  # "Literal[...] | None": those choices, default None
+        choices = typing.get_args(literal) if typing.get_origin(literal) is typing.Literal else None
         if choices:
             kwargs.update(choices=choices, type=type(choices[0]))
         elif hint is bool:
@@ -75,7 +78,7 @@ def _add_dataclass_options(
             kwargs["type"] = hint
         if field.name in repeated:
             kwargs["action"] = "append"
-        if kwargs.get("type") in (int, float):
+        if kwargs.get("type") in (int, float) and not choices:
             kwargs["metavar"] = "N" if kwargs["type"] is int else "X"
         help_text = helps.get(field.name, "").rstrip(".")
         if default is not None:

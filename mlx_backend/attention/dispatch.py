@@ -1,5 +1,6 @@
 """The one dispatch point for attention (DESIGN.md): mlx-lm's ``scaled_dot_product_attention``,
-routed for the loaded model's modules to ragged attention over the pools.
+routed for the loaded model's modules to ragged attention over the float pools, or to the
+folded attention over quantized pools (``FoldedPoolKVCacheView.attention``).
 
 mlx-lm's attention layers call ``scaled_dot_product_attention(queries, keys, values,
 cache=..., scale=..., mask=..., sinks=...)``, a name each model module binds at import
@@ -32,7 +33,7 @@ from mlx_lm.models import base as mlx_lm_base
 from mlx_lm.models.cache import CacheList, KVCache
 
 from mlxserve.mlx_backend.attention import native
-from mlxserve.mlx_backend.kv.cache_view import PoolKVCacheView
+from mlxserve.mlx_backend.kv.cache_view import FoldedPoolKVCacheView, PoolKVCacheView
 from mlxserve.mlx_backend.kv.layer_layout import CacheSpec, LayerLayout
 
 logger = logging.getLogger(__name__)
@@ -56,9 +57,14 @@ def scaled_dot_product_attention(
     mask: mx.array | str | None,
     sinks: mx.array | None = None,
 ) -> mx.array:
-    """mlx-lm's ``scaled_dot_product_attention``, served from the pools for ragged views."""
+    """mlx-lm's ``scaled_dot_product_attention``, served from the pools for ragged views
+    and folded quantized views (each returns None for a call it does not cover)."""
     if type(cache) is PoolKVCacheView and cache.ragged:
         out = _ragged(queries, keys, values, cache, scale, mask, sinks)
+        if out is not None:
+            return out
+    elif type(cache) is FoldedPoolKVCacheView:
+        out = cache.attention(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
         if out is not None:
             return out
     probe = _probe.active

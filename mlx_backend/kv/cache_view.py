@@ -12,6 +12,8 @@ from mlx_lm.models.cache import ArraysCache, CacheList
 from mlxserve.mlx_backend.attention.native import padded_runs
 from mlxserve.mlx_backend.kv.kv_pool import FlatRows, KVPool, StatePool
 from mlxserve.mlx_backend.kv.layer_layout import CacheSpec
+from mlxserve.mlx_backend.kv.packed_attention import folded_attention
+from mlxserve.mlx_backend.kv.quantization import AttentionPath
 from mlxserve.scheduler.batch import ForwardBatch
 
 
@@ -148,7 +150,8 @@ class RaggedKeys:
 
 class PoolKVCacheView:
     """One attention cache for one batch: writes scatter into the pool, reads gather the
-    batch's slots from it. It holds no K/V of its own.
+    batch's slots from it (dense K/V: dequantized rows when the pool is quantized). It
+    holds no K/V of its own.
 
     With ``ragged`` set, mlx-lm's attention call for this layer may be served from the
     pools in place (``mlx_backend/attention/``); the gather ``update_and_fetch`` returned
@@ -170,13 +173,17 @@ class PoolKVCacheView:
         # the model changed after fetching them) is not attention over the pools.
         self.fetched: tuple[mx.array, mx.array] | None = None
 
-    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+    def _write(self, keys: mx.array, values: mx.array) -> FlatRows:
+        """Scatter this step's K/V; returns the rows to read."""
         B, H, L, _ = keys.shape
         index = self._ctx.spaces[self._space]
         flat_k = keys.transpose(1, 0, 2, 3).reshape(H, B * L, keys.shape[-1])
         flat_v = values.transpose(1, 0, 2, 3).reshape(H, B * L, values.shape[-1])
         self._pool.write(self._index, index.write, flat_k, flat_v)
-        self.fetched = self._pool.read(self._index, index.read)
+        return index.read
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        self.fetched = self._pool.read(self._index, self._write(keys, values))
         return self.fetched
 
     def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None):
@@ -196,9 +203,76 @@ class PoolKVCacheView:
         return RaggedKeys(k_pool, v_pool, slots, meta, heads, size, key[1] or 0)
 
 
+class QuantizedPoolKVCacheView(PoolKVCacheView):
+    """A view over quantized pools that hands the model mlx-lm's quantized K/V: it has
+    ``bits`` and ``group_size``, which is what makes mlx-lm's attention dispatch
+    (``models/base.py``) run ``quantized_scaled_dot_product_attention``, and its
+    ``update_and_fetch`` returns ``(packed, scales, biases)`` tuples of the gathered rows,
+    as ``QuantizedKVCache`` does."""
+
+    def __init__(self, pool: KVPool, spec: CacheSpec, ctx: BatchContext) -> None:
+        super().__init__(pool, spec, ctx)
+        assert pool.quantization is not None
+        self.bits = pool.quantization.bits
+        self.group_size = pool.quantization.group_size
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[tuple, tuple]:
+        k_rows, v_rows = self._pool.read_rows(self._index, self._write(keys, values))
+        k_format, v_format = self._pool.formats[self._index]
+        return k_format.mlx_lm_tuple(k_rows), v_format.mlx_lm_tuple(v_rows)
+
+
+class FoldedPoolKVCacheView(PoolKVCacheView):
+    """A view over quantized pools whose attention call mlxserve runs itself
+    (``mlx_backend/attention/dispatch.py`` routes mlx-lm's SDPA here): ``update_and_fetch`` returns
+    dequantized K/V, which MLX computes only if the model uses them (its attention does
+    not go through the dispatch), and keeps the gathered packed rows for ``attention``."""
+
+    def __init__(self, pool: KVPool, spec: CacheSpec, ctx: BatchContext) -> None:
+        super().__init__(pool, spec, ctx)
+        self._fetched: tuple[mx.array, mx.array, mx.array, mx.array] | None = None
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        k_rows, v_rows = self._pool.read_rows(self._index, self._write(keys, values))
+        k_format, v_format = self._pool.formats[self._index]
+        dense = k_format.dequantize(k_rows), v_format.dequantize(v_rows)
+        self._fetched = (*dense, k_rows, v_rows)
+        return dense
+
+    def attention(
+        self,
+        queries: mx.array,
+        keys: mx.array,
+        values: mx.array,
+        scale: float,
+        mask: mx.array | str | None,
+        sinks: mx.array | None,
+    ) -> mx.array | None:
+        """The attention over the packed rows, or None where it does not apply: K/V
+        other than the ones this view returned (a model that transformed them), sinks,
+        or a mask that is not an array."""
+        if self._fetched is None or sinks is not None or isinstance(mask, str):
+            return None
+        dense_k, dense_v, k_rows, v_rows = self._fetched
+        if keys is not dense_k or values is not dense_v:
+            return None
+        k_format, v_format = self._pool.formats[self._index]
+        return folded_attention(queries, k_rows, v_rows, k_format, v_format, scale, mask)
+
+
+_VIEWS = {
+    "quantized-sdpa": QuantizedPoolKVCacheView,
+    "dequantize": PoolKVCacheView,
+    "folded": FoldedPoolKVCacheView,
+}
+
+
 class BatchCaches:
     """The per-layer cache objects of one forward, and the write-back of recurrent state.
 
+    Attention layers get pool views: over float pools, the layers of ``ragged_layers`` may
+    be served by the native op in place; over quantized pools, ``quantized_attention``
+    picks the view (``kv/quantization.py``: ``AttentionPath``).
     Recurrent layers get a real mlx-lm ``ArraysCache`` filled with the batch's gathered
     states (or left empty when every row starts fresh, exactly as in single-sequence
     generation); after the forward the states the layers left there are scattered back.
@@ -211,9 +285,11 @@ class BatchCaches:
         states: StatePool,
         ctx: BatchContext,
         ragged_layers: frozenset[int] = frozenset(),
+        quantized_attention: AttentionPath = "dequantize",
     ) -> None:
         self._kv, self._states, self._ctx = kv, states, ctx
         self._ragged_layers = ragged_layers
+        self._view = PoolKVCacheView if kv.quantization is None else _VIEWS[quantized_attention]
         self._recurrent: list[tuple[CacheSpec, ArraysCache]] = []
         self.caches = [self._make(spec) for spec in specs]
 
@@ -228,6 +304,8 @@ class BatchCaches:
                 )
             self._recurrent.append((spec, cache))
             return cache
+        if self._view is not PoolKVCacheView:
+            return self._view(self._kv, spec, self._ctx)
         ragged = spec.pool_index in self._ragged_layers
         return PoolKVCacheView(self._kv, spec, self._ctx, ragged)
 

@@ -1,8 +1,10 @@
 """Slot-indexed pools: the only KV store, and the recurrent state store.
 
 Per attention cache of the model, K ``[n_kv_heads * (space + 1), k_head_dim]`` and V likewise,
-where ``space`` is the size of the cache's slot space (full or sliding). Per recurrent cache,
-one array ``[state_slots + 1, *shape]`` per state tensor. Slot 0 is padding everywhere.
+where ``space`` is the size of the cache's slot space (full or sliding); with ``--kv-bits``
+a row is a packed row of uint32 words (quantized values, scales and biases,
+``kv/quantization.py``). Per recurrent cache, one array ``[state_slots + 1, *shape]`` per
+state tensor. Slot 0 is padding everywhere.
 
 NOTE: head-major K/V: a gather gives ``[H, B, S, D]`` whose ``[S, D]`` matrices are
 contiguous, so attention reads them through batch strides. The token-major layout
@@ -25,6 +27,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlxserve.mlx_backend.kv.layer_layout import LayerLayout
+from mlxserve.mlx_backend.kv.quantization import KVQuantization, PackedRows
 
 
 class FlatRows:
@@ -48,37 +51,73 @@ class FlatRows:
 class KVPool:
     """K/V pools of every attention cache, indexed by ``CacheSpec.pool_index``.
 
+    With ``quantization`` every row is a packed row (``kv/quantization.py``: mlx-lm's
+    quantized values, scales and biases of one token and head in one row of uint32
+    words), so a slot holds only quantized K/V and a read is still one gather per pool.
+
     Args:
         layout: the model's caches.
         full_tokens: slots of the full-attention space.
         sliding_tokens: slots of the sliding-window space.
+        quantization: store K/V quantized (None: in the model's K/V dtype).
     """
 
-    def __init__(self, layout: LayerLayout, full_tokens: int, sliding_tokens: int) -> None:
+    def __init__(
+        self,
+        layout: LayerLayout,
+        full_tokens: int,
+        sliding_tokens: int,
+        quantization: KVQuantization | None = None,
+    ) -> None:
+        self.quantization = quantization
         self.k: list[mx.array] = []
         self.v: list[mx.array] = []
+        # Per cache: the packed-row formats of K and V (None: float rows).
+        self.formats: list[tuple[PackedRows, PackedRows] | tuple[None, None]] = []
         # (heads, rows per head) of each cache's flat pools.
         self.shapes: list[tuple[int, int]] = []
         for spec in layout.attention:
             size = (full_tokens if spec.kind == "full" else sliding_tokens) + 1
-            heads = spec.kv.n_kv_heads
+            heads, kv = spec.kv.n_kv_heads, spec.kv
             self.shapes.append((heads, size))
-            self.k.append(mx.zeros((heads * size, spec.kv.k_head_dim), spec.kv.dtype))
-            self.v.append(mx.zeros((heads * size, spec.kv.v_head_dim), spec.kv.dtype))
+            if quantization is None:
+                self.formats.append((None, None))
+                self.k.append(mx.zeros((heads * size, kv.k_head_dim), kv.dtype))
+                self.v.append(mx.zeros((heads * size, kv.v_head_dim), kv.dtype))
+            else:
+                k_rows = quantization.rows(kv.k_head_dim, kv.dtype)
+                v_rows = quantization.rows(kv.v_head_dim, kv.dtype)
+                self.formats.append((k_rows, v_rows))
+                self.k.append(mx.zeros((heads * size, k_rows.words), mx.uint32))
+                self.v.append(mx.zeros((heads * size, v_rows.words), mx.uint32))
         mx.eval(self.k, self.v)
 
     def write(self, index: int, slots: FlatRows, keys: mx.array, values: mx.array) -> None:
-        """Scatter ``keys``/``values`` ``[H, T, D]`` into the slots ``[T]``."""
+        """Scatter ``keys``/``values`` ``[H, T, D]`` into the slots ``[T]`` (quantized into
+        packed rows first when the pools are)."""
         rows = slots.rows(*self.shapes[index]).reshape(-1)
-        self.k[index][rows] = keys.reshape(-1, keys.shape[-1])
-        self.v[index][rows] = values.reshape(-1, values.shape[-1])
+        keys = keys.reshape(-1, keys.shape[-1])
+        values = values.reshape(-1, values.shape[-1])
+        k_rows, v_rows = self.formats[index]
+        if k_rows is not None:
+            keys, values = k_rows.encode(keys), v_rows.encode(values)
+        self.k[index][rows] = keys
+        self.v[index][rows] = values
+
+    def read_rows(self, index: int, slots: FlatRows) -> tuple[mx.array, mx.array]:
+        """Gather the stored K/V rows at the slots ``[B, S]`` as ``[B, H, S, width]``:
+        float rows, or packed rows of a quantized pool."""
+        rows = slots.rows(*self.shapes[index])
+        return self.k[index][rows].swapaxes(0, 1), self.v[index][rows].swapaxes(0, 1)
 
     def read(self, index: int, slots: FlatRows) -> tuple[mx.array, mx.array]:
-        """Gather K/V at the slots ``[B, S]`` as ``[B, H, S, D]`` (the layout SDPA takes)."""
-        rows = slots.rows(*self.shapes[index])
-        keys = self.k[index][rows].swapaxes(0, 1)
-        values = self.v[index][rows].swapaxes(0, 1)
-        return keys, values
+        """Gather K/V at the slots ``[B, S]`` as dense ``[B, H, S, D]`` (the layout SDPA
+        takes), dequantizing the gathered rows of a quantized pool."""
+        keys, values = self.read_rows(index, slots)
+        k_rows, v_rows = self.formats[index]
+        if k_rows is None:
+            return keys, values
+        return k_rows.dequantize(keys), v_rows.dequantize(values)
 
     def arrays(self) -> list[mx.array]:
         return self.k + self.v

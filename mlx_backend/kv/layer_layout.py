@@ -15,7 +15,15 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, RotatingKVCache
+from mlx_lm.models.cache import (
+    ArraysCache,
+    CacheList,
+    KVCache,
+    QuantizedKVCache,
+    RotatingKVCache,
+)
+
+from mlxserve.mlx_backend.kv.quantization import KVQuantization
 
 
 @dataclass(frozen=True)
@@ -27,9 +35,13 @@ class KVShape:
     v_head_dim: int
     dtype: mx.Dtype
 
-    @property
-    def bytes_per_token(self) -> int:
-        return self.n_kv_heads * (self.k_head_dim + self.v_head_dim) * self.dtype.size
+    def bytes_per_token(self, quantization: KVQuantization | None = None) -> int:
+        """Pool bytes of one token: float K/V, or their packed values, scales and biases."""
+        if quantization is None:
+            return self.n_kv_heads * (self.k_head_dim + self.v_head_dim) * self.dtype.size
+        k = quantization.row_bytes(self.k_head_dim, self.dtype)
+        v = quantization.row_bytes(self.v_head_dim, self.dtype)
+        return self.n_kv_heads * (k + v)
 
 
 @dataclass(frozen=True)
@@ -97,8 +109,16 @@ class LayerLayout:
         windows = [s.window for s in self.leaves() if s.kind == "sliding"]
         return max(windows) if windows else None
 
-    def bytes_per_token(self, kind: str) -> int:
-        return sum(s.kv.bytes_per_token for s in self.leaves() if s.kind == kind)
+    def bytes_per_token(self, kind: str, quantization: KVQuantization | None = None) -> int:
+        """Pool bytes of one token slot of the ``kind`` space, over all its layers."""
+        return sum(s.kv.bytes_per_token(quantization) for s in self.leaves() if s.kind == kind)
+
+    def check_quantization(self, quantization: KVQuantization) -> None:
+        """Raises:
+        ValueError: some attention cache's K or V rows do not split into whole groups."""
+        for spec in self.attention:
+            quantization.check_dim(spec.kv.k_head_dim, "key head dim")
+            quantization.check_dim(spec.kv.v_head_dim, "value head dim")
 
     @property
     def bytes_per_state_slot(self) -> int:
@@ -153,3 +173,35 @@ def probe_layout(model: nn.Module) -> LayerLayout:
     for i, spec in enumerate(layout.recurrent):
         spec.pool_index = i
     return layout
+
+
+def _quantized_caches(caches: list, quantization: KVQuantization) -> list:
+    out = []
+    for cache in caches:
+        if type(cache) is CacheList:
+            out.append(CacheList(*_quantized_caches(cache.caches, quantization)))
+        elif type(cache) in (KVCache, RotatingKVCache):
+            out.append(QuantizedKVCache(quantization.group_size, quantization.bits))
+        else:
+            out.append(cache)
+    return out
+
+
+def probe_quantized_sdpa(model: nn.Module, quantization: KVQuantization) -> str | None:
+    """Whether the model runs on quantized K/V tuples: one probe token through it with an
+    mlx-lm ``QuantizedKVCache`` in place of every attention cache.
+
+    Returns:
+        None if it runs, else what failed (attention sinks, say, which mlx-lm's quantized
+        SDPA refuses, or attention code that does not go through mlx-lm's dispatch).
+    """
+    caches = model.make_cache() if hasattr(model, "make_cache") else None
+    if caches is None:
+        caches = [KVCache() for _ in model.layers]
+    try:
+        mx.eval(
+            model(mx.array([[0]], dtype=mx.int32), cache=_quantized_caches(caches, quantization))
+        )
+    except Exception as e:  # noqa: BLE001 - any failure means: not on this path
+        return f"{type(e).__name__}: {e}"
+    return None
