@@ -116,6 +116,35 @@ class TestTenants:
             assert caught.value.body["param"] == "cache_salt", caught.value.body
 
 
+class TestStoredResponses:
+    """A stored Responses conversation belongs to the key that made it: another key gets
+    404s for its id (read, input items, continuation, delete), the owner keeps it."""
+
+    def test_another_key_cannot_read_continue_or_delete(self, isolated: BackgroundServer) -> None:
+        model = isolated.app.state.server.model.name
+        victim, attacker = client_for(isolated, VICTIM), client_for(isolated, ATTACKER)
+        made = victim.responses.create(
+            model=model, input=f"My PIN is {PIN}.", max_output_tokens=2, temperature=0
+        )
+        attempts = {
+            "retrieve": lambda: attacker.responses.retrieve(made.id),
+            "input_items": lambda: attacker.responses.input_items.list(made.id),
+            "continue": lambda: attacker.responses.create(
+                model=model,
+                input="What is my PIN?",
+                previous_response_id=made.id,
+                max_output_tokens=2,
+            ),
+            "delete": lambda: attacker.responses.delete(made.id),
+        }
+        for name, attempt in attempts.items():
+            with pytest.raises(openai.NotFoundError):
+                attempt()
+                pytest.fail(f"{name} of another key's response succeeded")
+        assert victim.responses.retrieve(made.id).id == made.id, "the owner still has it"
+        victim.responses.delete(made.id)
+
+
 class TestControl:
     def test_a_shared_cache_leaks_the_digit(self, smollm: LoadedModel) -> None:
         config = ServerConfig(port=0, api_key=f"{VICTIM},{ATTACKER}", prefix_cache_per_key=False)

@@ -49,8 +49,8 @@ def add_responses_routes(
 ) -> None:
     """Register the Responses routes on ``app``; responses are kept in ``store``."""
 
-    def stored(response_id: str) -> StoredResponse:
-        found = store.get(response_id)
+    def stored(response_id: str, request: Request) -> StoredResponse:
+        found = store.get(response_id, tenant_of(request))
         if found is None:
             raise _not_found(response_id)
         return found
@@ -58,9 +58,10 @@ def add_responses_routes(
     @app.post("/v1/responses", response_model=None)
     async def create_response(body: ResponsesRequest, request: Request) -> Any:
         models.entry(body.model)  # an unknown model is the first error
+        tenant = tenant_of(request)
         previous = None
         if body.previous_response_id is not None:
-            previous = store.get(body.previous_response_id)
+            previous = store.get(body.previous_response_id, tenant)
             if previous is None:
                 raise _not_found(body.previous_response_id)
         given = resolve_input(body.input, previous)
@@ -71,14 +72,14 @@ def add_responses_routes(
                 None if constraint is None else await compile_constraint(m.engine, constraint)
             )
             response_id = new_response_id()
-            spec = generation_spec(body, prompt, compiled, response_id, tenant_of(request))
+            spec = generation_spec(body, prompt, compiled, response_id, tenant)
             choices = admission.submit(m, spec)
         shape = ResponseShape(response_id, m.name, body)
         splitter = PieceSplitter(m.reasoning, prompt.in_reasoning, prompt.tools)
 
         def keep(response: dict[str, Any]) -> None:
             if body.store:
-                store.put(_stored(response, given))
+                store.put(_stored(response, given, tenant))
 
         if body.stream:
             return stream_response(choices, shape, splitter, keep)
@@ -88,25 +89,28 @@ def add_responses_routes(
         return response
 
     @app.get("/v1/responses/{response_id}")
-    async def get_response(response_id: str, stream: bool = False) -> dict[str, Any]:
+    async def get_response(
+        response_id: str, request: Request, stream: bool = False
+    ) -> dict[str, Any]:
         if stream:
             raise invalid_request("Replaying a response as a stream is not supported.", "stream")
-        return stored(response_id).response
+        return stored(response_id, request).response
 
     @app.delete("/v1/responses/{response_id}")
-    async def delete_response(response_id: str) -> dict[str, Any]:
-        if not store.delete(response_id):
+    async def delete_response(response_id: str, request: Request) -> dict[str, Any]:
+        if not store.delete(response_id, tenant_of(request)):
             raise _not_found(response_id)
         return {"id": response_id, "object": "response", "deleted": True}
 
     @app.get("/v1/responses/{response_id}/input_items")
     async def list_input_items(
         response_id: str,
+        request: Request,
         limit: int = Query(default=20, ge=1, le=100),
         order: Literal["asc", "desc"] = "desc",
         after: str | None = None,
     ) -> dict[str, Any]:
-        items = list(stored(response_id).input_items)
+        items = list(stored(response_id, request).input_items)
         if order == "desc":
             items.reverse()
         if after is not None:
@@ -124,6 +128,6 @@ def add_responses_routes(
         }
 
 
-def _stored(response: dict[str, Any], given: ResponseInput) -> StoredResponse:
+def _stored(response: dict[str, Any], given: ResponseInput, tenant: str | None) -> StoredResponse:
     output = tuple(response["output"])
-    return StoredResponse(response, given.items, given.conversation + output)
+    return StoredResponse(response, given.items, given.conversation + output, tenant)
