@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mlxserve.scheduler.config import EngineConfig
-from mlxserve.server.config import ModelConfig, ServerConfig
+from mlxserve.server.config import DistributedConfig, ModelConfig, ServerConfig
 from mlxserve.server.models.declarations import (
     ModelDeclaration,
     discover_models_dir,
@@ -99,6 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_dataclass_options(parser.add_argument_group("server options"), ServerConfig)
     _add_dataclass_options(parser.add_argument_group("engine options"), EngineConfig)
+    _add_dataclass_options(
+        parser.add_argument_group("distributed options (one model over several processes)"),
+        DistributedConfig,
+    )
     sub = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
     convert = sub.add_parser(
         "convert",
@@ -141,12 +145,13 @@ def _serve(
     model_config: ModelConfig,
     engine_config: EngineConfig,
     declarations: list[ModelDeclaration] | None,
+    group: Any = None,
 ) -> int:
     from mlxserve.mlx_backend.loading.loader import ModelLoadError
     from mlxserve.server.lifecycle.launch import serve
 
     try:
-        serve(server_config, model_config, engine_config, declarations)
+        serve(server_config, model_config, engine_config, declarations, group=group)
     except (ModelLoadError, RuntimeError) as e:
         # RuntimeError: the engine failed to start (e.g. no memory for its KV pool).
         return _fail(str(e))
@@ -167,7 +172,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         server_config = _from_args(ServerConfig, args)
         model_config = _from_args(ModelConfig, args)
         engine_config = _from_args(EngineConfig, args)
+        distributed = _from_args(DistributedConfig, args)
         declarations = declared_models(specs, server_config, model_config)
+        if distributed.enabled and declarations:
+            raise ValueError("--tensor-parallel / --distributed serve one model (one --model)")
     except ValueError as e:
         parser.error(str(e))
     logging.basicConfig(
@@ -175,7 +183,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     _enable_fast_blas()
+    if distributed.enabled:
+        argv = list(sys.argv[1:] if argv is None else argv)
+        return _serve_distributed(argv, server_config, model_config, engine_config, distributed)
     return _serve(server_config, model_config, engine_config, declarations)
+
+
+def _serve_distributed(
+    argv: list[str],
+    server_config: ServerConfig,
+    model_config: ModelConfig,
+    engine_config: EngineConfig,
+    distributed: DistributedConfig,
+) -> int:
+    """One rank of a tensor-parallel group: rank 0 serves HTTP, the others its forwards."""
+    from mlxserve.server.lifecycle.distributed import (
+        LocalRanks,
+        form_group,
+        run_rank,
+        start_local_ranks,
+    )
+
+    local = LocalRanks()
+    if not distributed.distributed:
+        local = start_local_ranks(argv, distributed.tensor_parallel)
+    try:
+        group = form_group(distributed, on_exit=lambda: local.stop(0))
+        if group.rank != 0:
+            return run_rank(group, model_config, engine_config)
+        return _serve(server_config, model_config, engine_config, None, group=group)
+    finally:
+        local.stop()
 
 
 def declared_models(

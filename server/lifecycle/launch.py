@@ -7,13 +7,14 @@ thread (tests, benchmarks, notebooks).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -39,6 +40,9 @@ from mlxserve.server.lifecycle.shutdown import ABORT_FLUSH_S, GracefulServer
 from mlxserve.server.lifecycle.state import ServerState
 from mlxserve.server.models.declarations import ModelDeclaration
 
+if TYPE_CHECKING:
+    from mlxserve.mlx_backend.distributed.group import Group
+
 logger = logging.getLogger(__name__)
 
 # How long uvicorn waits for connections to close once the drain is over.
@@ -50,10 +54,12 @@ def serve(
     model_config: ModelConfig,
     engine_config: EngineConfig,
     declarations: list[ModelDeclaration] | None = None,
+    group: Group | None = None,
 ) -> None:
     """Bind ``config.host:port``, load ``model_config.model`` behind it, serve until a
     signal. With ``declarations`` (several models), serve them instead, loaded on demand
-    (``serve_models``).
+    (``serve_models``). With ``group`` (rank 0 of a tensor-parallel group) the model is
+    sharded over the group and its forwards run on every rank.
 
     Raises:
         mlxserve.mlx_backend.loading.loader.ModelLoadError: the model cannot be loaded.
@@ -64,6 +70,8 @@ def serve(
         names = (model_config.served_model_name,) if model_config.served_model_name else ()
         source = model_config.model
         declarations = [ModelDeclaration(source, names, keep_quantized=model_config.keep_quantized)]
+    if declarations and group is not None:
+        raise RuntimeError("tensor parallelism serves one model (one --model)")
     if declarations:
         from mlxserve.server.lifecycle.multi_model import serve_models
 
@@ -109,6 +117,7 @@ def serve(
         on_ready,
         on_failed,
         convert=keep_quantized_note if model_config.keep_quantized else convert_for_backend,
+        build=functools.partial(build_engine, group=group),
     ).start()
     try:
         server.run()

@@ -1,0 +1,251 @@
+"""Rank 0's executor: the engine's ``Executor`` over a group of ranks.
+
+Each call is sent to every other rank first (``wire``), then run here; every rank runs the
+same plan (layout probe), allocation and forwards over its own shard and pools, so they
+issue the same collectives in the same order. Only rank 0 samples. A lost rank (its
+control connection closes, or a collective fails) makes every later call raise
+``ExecutorFailed``, which stops the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from mlxserve.mlx_backend.distributed import wire
+from mlxserve.mlx_backend.distributed.group import Group
+from mlxserve.mlx_backend.executor import MLXExecutor
+from mlxserve.scheduler.batch import ForwardBatch, ForwardOutput
+from mlxserve.scheduler.memory_plan import MemoryPlan, MemoryStats, PoolRequest
+from mlxserve.scheduler.outputs import ExecutorFailed
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DistributedStats:
+    """Counters of the group (read by ``/metrics`` from any thread).
+
+    Attributes:
+        ranks: processes in the group.
+        steps: forwards run.
+        forward_seconds: time rank 0 spent in forwards (model, collectives, sampling).
+        send_seconds: time spent sending batches to the other ranks.
+        collectives_per_step: all_sums of the last forward (two per sharded layer per
+            row group).
+        collective_seconds: estimated time of those collectives, summed over the steps
+            (count x the all_sum latency measured at start-up for the step's activations).
+    """
+
+    ranks: int
+    steps: int = 0
+    forward_seconds: float = 0.0
+    send_seconds: float = 0.0
+    collectives_per_step: int = 0
+    collective_seconds: float = 0.0
+
+
+class DistributedExecutor:
+    """Runs ``local`` (this rank's shard) in lock step with the other ranks' workers.
+
+    Args:
+        local: rank 0's own executor over its shard.
+        group: the formed group (its ``workers`` sockets).
+        sharded_layers: layers ``shard()`` split (each all_sums twice per forward).
+        all_sum_seconds: ``f(bytes) -> seconds`` of one all_sum (start-up measurement), for
+            the collective-time estimate; None: not estimated.
+        on_lost: called once, from a monitor thread, when a rank is lost while idle
+            (``Engine.fail``).
+    """
+
+    def __init__(
+        self,
+        local: MLXExecutor,
+        group: Group,
+        sharded_layers: int = 0,
+        all_sum_seconds: Callable[[int], float] | None = None,
+        on_lost: Callable[[str], None] | None = None,
+    ) -> None:
+        self.local = local
+        self.group = group
+        self.on_lost = on_lost
+        self.sharded_layers = sharded_layers
+        self.hidden_bytes = 0
+        self._all_sum_seconds = all_sum_seconds
+        self._lost: str | None = None
+        self._lock = threading.Lock()
+        self._stats = DistributedStats(group.size)
+        self._closing = False
+        # Started once the set-up replies are read: from then on a worker only ever
+        # writes to report its own failure, and a closed connection means a lost rank.
+        self._monitor = threading.Thread(
+            target=self._watch, name="mlxserve-rank-monitor", daemon=True
+        )
+
+    # ------------------------------------------------------------ Executor protocol
+    @property
+    def vocab_size(self) -> int:
+        return self.local.vocab_size
+
+    @property
+    def stats(self) -> DistributedStats:
+        return self._stats
+
+    @property
+    def lost(self) -> str | None:
+        """Why the group is broken (None while every rank is there)."""
+        return self._lost
+
+    def materialize(self) -> None:
+        self.local.materialize()
+
+    def plan(self, request: PoolRequest) -> MemoryPlan:
+        """Every rank probes its layout and sizes its pools; all take the smallest plan
+        (the rank with the least free memory decides)."""
+        self._broadcast(wire.Kind.PLAN, wire.encode_pool_request(request))
+        plans = [self._guard(lambda: self.local.plan(request))]
+        plans += [wire.decode_plan(self._reply(r, wire.Kind.PLANNED)) for r in self._ranks()]
+        chosen = min(plans, key=lambda p: (p.full_tokens, p.sliding_tokens, p.state_slots))
+        logger.info("memory plan of %d ranks: %s", self.group.size, [p.full_tokens for p in plans])
+        return chosen
+
+    def allocate(self, plan: MemoryPlan) -> None:
+        self._broadcast(wire.Kind.ALLOCATE, wire.encode_plan(plan))
+        self._guard(lambda: self.local.allocate(plan))
+        for r in self._ranks():
+            self._reply(r, wire.Kind.ALLOCATED)
+        self.hidden_bytes = _hidden_bytes(self.local)
+        self._monitor.start()
+
+    def forward(self, batch: ForwardBatch) -> ForwardOutput:
+        started = time.perf_counter()
+        self._broadcast(wire.Kind.FORWARD, wire.encode_batch(batch))
+        sent = time.perf_counter()
+        out = self._guard(lambda: self.local.forward(batch))
+        self._count(batch, sent - started, time.perf_counter() - started)
+        return out
+
+    def memory(self) -> MemoryStats:
+        return self.local.memory()
+
+    def close(self) -> None:
+        """Tell the workers to exit, then free this rank's pools."""
+        self._closing = True
+        if self._lost is None:
+            for sock in self.group.workers:
+                try:
+                    wire.send(sock, wire.Kind.CLOSE)
+                except OSError:
+                    pass
+        for sock in self.group.workers:
+            try:
+                sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+        self.local.close()
+
+    # ------------------------------------------------------------ internals
+    def _ranks(self) -> range:
+        return range(1, self.group.size)
+
+    def _broadcast(self, kind: wire.Kind, arrays: list) -> None:
+        self._check()
+        data = wire.encode(kind, arrays)
+        for rank, sock in zip(self._ranks(), self.group.workers, strict=True):
+            try:
+                sock.sendall(data)
+            except OSError as e:
+                self._fail(f"rank {rank} is gone ({e})")
+
+    def _reply(self, rank: int, kind: wire.Kind) -> tuple:
+        sock = self.group.workers[rank - 1]
+        try:
+            msg = wire.recv(sock)
+        except (OSError, wire.WireError) as e:
+            self._fail(f"rank {rank} is gone ({e})")
+        if msg.kind == wire.Kind.FAILED:
+            self._fail(f"rank {rank} failed: {wire.decode_text(msg.arrays)}")
+        if msg.kind != kind:
+            self._fail(f"rank {rank} answered {msg.kind.name}, expected {kind.name}")
+        return msg.arrays
+
+    def _guard(self, call: Callable):  # noqa: ANN202 - returns what call returns
+        """Run a local step; a failed collective means a rank is gone."""
+        try:
+            return call()
+        except RuntimeError as e:
+            if "[ring]" in str(e) or "peer" in str(e) or self._lost is not None:
+                self._fail(f"a rank was lost during a collective: {e}")
+            raise
+
+    def _check(self) -> None:
+        if self._lost is not None:
+            raise ExecutorFailed(self._lost)
+
+    def _fail(self, reason: str) -> None:
+        with self._lock:
+            if self._lost is None:
+                self._lost = reason
+                logger.error("tensor-parallel group broken: %s", reason)
+        raise ExecutorFailed(self._lost)
+
+    def _count(self, batch: ForwardBatch, send_s: float, total_s: float) -> None:
+        groups = max(len(batch.row_groups), 1)
+        count = 2 * self.sharded_layers * groups
+        estimate = 0.0
+        if self._all_sum_seconds is not None and self.hidden_bytes:
+            # An all_sum per group carries that group's [rows, width, hidden] activations.
+            widths = [len(g) for g in batch.row_groups] or [batch.batch_size]
+            tokens = batch.input_ids.shape[1]
+            estimate = sum(
+                2 * self.sharded_layers * self._all_sum_seconds(n * tokens * self.hidden_bytes)
+                for n in widths
+            )
+        s = self._stats
+        self._stats = DistributedStats(
+            s.ranks,
+            s.steps + 1,
+            s.forward_seconds + total_s,
+            s.send_seconds + send_s,
+            count,
+            s.collective_seconds + estimate,
+        )
+
+    def _watch(self) -> None:
+        """Wait (no spinning: ``select``) for a worker's connection to close or report a
+        failure; that ends the group even while the engine is idle."""
+        socks = list(self.group.workers)
+        while socks:
+            readable, _, _ = select.select(socks, [], [], None)
+            if self._closing:
+                return
+            for sock in readable:
+                rank = self.group.workers.index(sock) + 1
+                try:
+                    data = sock.recv(1, socket.MSG_PEEK)
+                except OSError:
+                    data = b""
+                reason = f"rank {rank} is gone (its control connection closed)"
+                if data:
+                    reason = f"rank {rank} reported a failure"
+                with self._lock:
+                    first = self._lost is None
+                    if first:
+                        self._lost = reason
+                if first:
+                    logger.error("tensor-parallel group broken: %s", reason)
+                    if self.on_lost is not None:
+                        self.on_lost(reason)
+                return
+
+
+def _hidden_bytes(local: MLXExecutor) -> int:
+    """Bytes of one token's hidden state (what each all_sum carries per token)."""
+    args = getattr(local.model, "args", None)
+    hidden = getattr(args, "hidden_size", None) or getattr(args, "dim", None)
+    return int(hidden) * 4 if isinstance(hidden, int) else 0
