@@ -1,0 +1,98 @@
+"""Starting and watching an ``mlxserve --tensor-parallel`` server (its ranks are processes)
+for the tensor-parallel tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+CLI = "import sys; from mlxserve.server.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def require_loopback_ports() -> None:
+    """Skip (with the reason) where 127.0.0.1 ports cannot be opened: the ranks need them."""
+    try:
+        socket.create_server(("127.0.0.1", 0)).close()
+    except OSError as e:
+        pytest.skip(f"cannot open a TCP port on 127.0.0.1 for the ranks' ring: {e}")
+
+
+def free_port() -> int:
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        return s.getsockname()[1]
+
+
+def mlxserve_command(*args: str) -> list[str]:
+    return [sys.executable, "-c", CLI, *args]
+
+
+class RankedServer:
+    """``mlxserve`` with ``args`` as a subprocess (rank 0; it starts the other ranks)."""
+
+    def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.log_path = log
+        self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()
+        command = mlxserve_command(*args, "--port", str(self.port), "--log-level", "info")
+        self.proc = subprocess.Popen(
+            command,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self, timeout: float = 120.0) -> RankedServer:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"server not ready in {timeout} s:\n{self.log()}")
+
+    def ranks(self) -> list[int]:
+        """Pids of the other ranks (children of rank 0)."""
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+        return [int(p) for p in children.read_text().split()] if children.exists() else []
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")[-6000:]
+
+    def stop(self) -> None:
+        others = self.ranks() if self.proc.poll() is None else []
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for pid in others:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self._log.close()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
