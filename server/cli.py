@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import inspect
 import logging
+import os
 import re
 import sys
 import typing
@@ -207,13 +208,21 @@ def _serve_distributed(
     local = LocalRanks()
     if not distributed.distributed:
         local = start_local_ranks(argv, distributed.tensor_parallel)
+    status = 1
     try:
         group = form_group(distributed, on_exit=lambda: local.stop(0))
         if group.rank != 0:
-            return run_rank(group, model_config, engine_config)
-        return _serve(server_config, model_config, engine_config, None, group=group)
+            status = run_rank(group, model_config, engine_config)
+        else:
+            status = _serve(server_config, model_config, engine_config, None, group=group)
     finally:
         local.stop()
+        # NOTE: after a lost rank, this rank's MLX thread may be blocked in a collective
+        # for good (MLX's ring never wakes it): end the process without joining threads.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        logging.shutdown()
+        os._exit(status)
 
 
 def declared_models(

@@ -15,10 +15,13 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import NoReturn
 
 from mlxserve.mlx_backend.distributed import wire
 from mlxserve.mlx_backend.distributed.group import Group
+from mlxserve.mlx_backend.distributed.mlx_thread import MLXThread, result_unless
 from mlxserve.mlx_backend.executor import MLXExecutor
 from mlxserve.scheduler.batch import ForwardBatch, ForwardOutput
 from mlxserve.scheduler.memory_plan import MemoryPlan, MemoryStats, PoolRequest
@@ -81,6 +84,10 @@ class DistributedExecutor:
         self._lock = threading.Lock()
         self._stats = DistributedStats(group.size)
         self._closing = False
+        self._mlx = MLXThread("mlxserve-rank0-mlx")
+        # Fails (ExecutorFailed) when the group breaks: a call waiting on the MLX thread
+        # stops waiting then.
+        self._broken: Future = Future()
         # Started once the set-up replies are read: from then on a worker only ever
         # writes to report its own failure, and a closed connection means a lost rank.
         self._monitor = threading.Thread(
@@ -108,17 +115,19 @@ class DistributedExecutor:
         """Every rank probes its layout and sizes its pools; all take the smallest plan
         (the rank with the least free memory decides)."""
         self._broadcast(wire.Kind.PLAN, wire.encode_pool_request(request))
-        plans = [self._guard(lambda: self.local.plan(request))]
-        plans += [wire.decode_plan(self._reply(r, wire.Kind.PLANNED)) for r in self._ranks()]
+        mine = self._mlx.submit(lambda: self.local.plan(request))
+        plans = [wire.decode_plan(self._reply(r, wire.Kind.PLANNED)) for r in self._ranks()]
+        plans.insert(0, self._wait(mine))
         chosen = min(plans, key=lambda p: (p.full_tokens, p.sliding_tokens, p.state_slots))
         logger.info("memory plan of %d ranks: %s", self.group.size, [p.full_tokens for p in plans])
         return chosen
 
     def allocate(self, plan: MemoryPlan) -> None:
         self._broadcast(wire.Kind.ALLOCATE, wire.encode_plan(plan))
-        self._guard(lambda: self.local.allocate(plan))
+        mine = self._mlx.submit(lambda: self.local.allocate(plan))
         for r in self._ranks():
             self._reply(r, wire.Kind.ALLOCATED)
+        self._wait(mine)
         self.hidden_bytes = _hidden_bytes(self.local)
         self._monitor.start()
 
@@ -126,7 +135,7 @@ class DistributedExecutor:
         started = time.perf_counter()
         self._broadcast(wire.Kind.FORWARD, wire.encode_batch(batch))
         sent = time.perf_counter()
-        out = self._guard(lambda: self.local.forward(batch))
+        out = self._local(lambda: self.local.forward(batch))
         self._count(batch, sent - started, time.perf_counter() - started)
         return out
 
@@ -134,7 +143,8 @@ class DistributedExecutor:
         return self.local.memory()
 
     def close(self) -> None:
-        """Tell the workers to exit, then free this rank's pools."""
+        """Tell the workers to exit, then free this rank's pools (unless the group broke:
+        the MLX thread may then be stuck in a collective for good)."""
         self._closing = True
         if self._lost is None:
             for sock in self.group.workers:
@@ -147,14 +157,16 @@ class DistributedExecutor:
                 sock.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
-        self.local.close()
+        if self._lost is None:
+            self._local(self.local.close)
 
     # ------------------------------------------------------------ internals
     def _ranks(self) -> range:
         return range(1, self.group.size)
 
     def _broadcast(self, kind: wire.Kind, arrays: list) -> None:
-        self._check()
+        if self._lost is not None:
+            raise ExecutorFailed(self._lost)
         data = wire.encode(kind, arrays)
         for rank, sock in zip(self._ranks(), self.group.workers, strict=True):
             try:
@@ -174,24 +186,36 @@ class DistributedExecutor:
             self._fail(f"rank {rank} answered {msg.kind.name}, expected {kind.name}")
         return msg.arrays
 
-    def _guard(self, call: Callable):  # noqa: ANN202 - returns what call returns
-        """Run a local step; a failed collective means a rank is gone."""
+    def _local(self, call: Callable):  # noqa: ANN202 - returns what call returns
+        """Run ``call`` on the MLX thread (see ``_wait``)."""
+        return self._wait(self._mlx.submit(call))
+
+    def _wait(self, future: Future):  # noqa: ANN202 - returns the future's result
+        """The MLX thread's result, giving up as soon as a rank is known lost.
+
+        NOTE: any failure of rank 0's own step is fatal: the other ranks ran (or are
+        running) the same step, and a rank that skips a collective leaves the others
+        waiting in it forever.
+        """
         try:
-            return call()
-        except RuntimeError as e:
-            if "[ring]" in str(e) or "peer" in str(e) or self._lost is not None:
-                self._fail(f"a rank was lost during a collective: {e}")
+            return result_unless(future, self._broken)
+        except ExecutorFailed:
             raise
+        except Exception as e:
+            self._fail(f"rank 0's step failed, the ranks are out of step: {e}")
 
-    def _check(self) -> None:
-        if self._lost is not None:
-            raise ExecutorFailed(self._lost)
-
-    def _fail(self, reason: str) -> None:
+    def _mark_lost(self, reason: str) -> bool:
+        """Record the first loss; True if this call recorded it."""
         with self._lock:
-            if self._lost is None:
-                self._lost = reason
-                logger.error("tensor-parallel group broken: %s", reason)
+            if self._lost is not None:
+                return False
+            self._lost = reason
+        logger.error("tensor-parallel group broken: %s", reason)
+        self._broken.set_exception(ExecutorFailed(reason))
+        return True
+
+    def _fail(self, reason: str) -> NoReturn:
+        self._mark_lost(reason)
         raise ExecutorFailed(self._lost)
 
     def _count(self, batch: ForwardBatch, send_s: float, total_s: float) -> None:
@@ -218,30 +242,21 @@ class DistributedExecutor:
 
     def _watch(self) -> None:
         """Wait (no spinning: ``select``) for a worker's connection to close or report a
-        failure; that ends the group even while the engine is idle."""
+        failure; that ends the group, also while the engine is idle or stuck in a
+        collective with the dead rank."""
         socks = list(self.group.workers)
-        while socks:
-            readable, _, _ = select.select(socks, [], [], None)
-            if self._closing:
-                return
-            for sock in readable:
-                rank = self.group.workers.index(sock) + 1
-                try:
-                    data = sock.recv(1, socket.MSG_PEEK)
-                except OSError:
-                    data = b""
-                reason = f"rank {rank} is gone (its control connection closed)"
-                if data:
-                    reason = f"rank {rank} reported a failure"
-                with self._lock:
-                    first = self._lost is None
-                    if first:
-                        self._lost = reason
-                if first:
-                    logger.error("tensor-parallel group broken: %s", reason)
-                    if self.on_lost is not None:
-                        self.on_lost(reason)
-                return
+        readable, _, _ = select.select(socks, [], [], None)
+        if self._closing:
+            return
+        rank = self.group.workers.index(readable[0]) + 1
+        try:
+            data = readable[0].recv(1, socket.MSG_PEEK)
+        except OSError:
+            data = b""
+        reason = f"rank {rank} reported a failure" if data else f"rank {rank} is gone"
+        if self._mark_lost(reason + " (its control connection closed)" * (not data)):
+            if self.on_lost is not None:
+                self.on_lost(reason)
 
 
 def _hidden_bytes(local: MLXExecutor) -> int:

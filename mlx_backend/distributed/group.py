@@ -12,13 +12,13 @@ Rendezvous, once, right after ``init``::
 
 from __future__ import annotations
 
+import faulthandler
 import ipaddress
 import json
 import logging
 import os
 import secrets
 import socket
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -57,33 +57,23 @@ class Group:
 
 
 def init_group(backend: str, timeout: float) -> mx.distributed.Group:
-    """``mx.distributed.init(strict=True)`` that gives up after ``timeout`` seconds.
+    """``mx.distributed.init(strict=True)``; the process exits (status 1, a "Timeout"
+    line and the stack on stderr) if the group has not formed after ``timeout`` seconds.
+
+    NOTE: ``mx.distributed.init`` blocks in accept/connect while holding the GIL (measured:
+    a thread calling it stops every other Python thread), so no Python-level timeout can
+    fire; faulthandler's watchdog is a C thread that needs no GIL. The caller cancels it
+    (``faulthandler.cancel_dump_traceback_later``) once the control channel is up.
 
     Raises:
-        GroupTimeout: a rank did not join in time (the caller should exit the process:
-            the thread stuck in MLX's accept/connect cannot be stopped).
         RuntimeError: the backend is not available.
     """
-    result: dict[str, object] = {}
-
-    def join() -> None:
-        try:
-            result["group"] = mx.distributed.init(strict=True, backend=backend)
-        except BaseException as e:  # noqa: BLE001 - reported to the caller
-            result["error"] = e
-
-    thread = threading.Thread(target=join, name="mlxserve-distributed-init", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if "error" in result:
-        raise RuntimeError(f"mx.distributed.init(backend={backend!r}): {result['error']}")
-    if "group" not in result:
-        rank = os.environ.get("MLX_RANK", "?")
-        raise GroupTimeout(
-            f"rank {rank}: the {backend} group did not form within {timeout:g} s "
-            "(a rank never started or cannot be reached)"
-        )
-    return result["group"]  # type: ignore[return-value]
+    faulthandler.dump_traceback_later(timeout, exit=True)
+    try:
+        return mx.distributed.init(strict=True, backend=backend)
+    except RuntimeError as e:
+        faulthandler.cancel_dump_traceback_later()
+        raise RuntimeError(f"mx.distributed.init(backend={backend!r}): {e}") from e
 
 
 def rank0_address(explicit: str | None) -> str:

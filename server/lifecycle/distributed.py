@@ -9,9 +9,12 @@ group within ``--distributed-timeout`` or exits with status 2, so no rank hangs.
 
 from __future__ import annotations
 
+import ctypes
+import faulthandler
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -82,19 +85,28 @@ def start_local_ranks(argv: Sequence[str], ranks: int) -> LocalRanks:
     ]
     for rank in range(1, ranks):
         env = {**os.environ, "MLX_RANK": str(rank), "MLX_HOSTFILE": hostfile}
-        local.processes.append(subprocess.Popen(command, env=env))
+        local.processes.append(
+            subprocess.Popen(command, env=env, preexec_fn=_die_with_parent)  # noqa: PLW1509
+        )
     os.environ["MLX_RANK"] = "0"
     os.environ["MLX_HOSTFILE"] = hostfile
     logger.info("started %d local ranks (ring over %s)", ranks - 1, hostfile)
     return local
 
 
+def _die_with_parent() -> None:
+    """In a local rank, before exec: die when rank 0 dies, however it dies (Linux)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 def form_group(config: DistributedConfig, on_exit: Callable[[], None] | None = None):  # noqa: ANN201
     """This process's rank in a formed group with its control channel.
 
-    Exits the process with ``GROUP_FAILED_EXIT`` (after ``on_exit``: stop local ranks)
-    when the group does not form within ``config.distributed_timeout`` (a thread stuck in
-    MLX's connect cannot be stopped).
+    Exits the process when the group does not form within ``config.distributed_timeout``:
+    with status 1 from the watchdog while ``mx.distributed.init`` blocks (it holds the
+    GIL), with ``GROUP_FAILED_EXIT`` (after ``on_exit``: stop local ranks) when the
+    control channel cannot be opened.
     """
     from mlxserve.mlx_backend.distributed.group import (
         connect_group,
@@ -102,7 +114,15 @@ def form_group(config: DistributedConfig, on_exit: Callable[[], None] | None = N
         measure_all_sum,
     )
 
+    rank = os.environ.get("MLX_RANK", "?")
+    print(
+        f"mlxserve: rank {rank}: joining the {config.distributed_backend} group; giving up "
+        f"after {config.distributed_timeout:g} s",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
+        # A watchdog (no GIL needed) ends the process if this does not finish in time.
         mx_group = init_group(config.distributed_backend, config.distributed_timeout)
         if config.tensor_parallel > 1 and mx_group.size() != config.tensor_parallel:
             raise RuntimeError(
@@ -111,6 +131,7 @@ def form_group(config: DistributedConfig, on_exit: Callable[[], None] | None = N
             )
         group = connect_group(mx_group, config.distributed_timeout, config.distributed_host)
         group.all_sum_seconds = measure_all_sum(mx_group)
+        faulthandler.cancel_dump_traceback_later()
     except (TimeoutError, ConnectionError, RuntimeError, ValueError) as e:
         logger.error("%s", e)
         print(f"mlxserve: error: {e}", file=sys.stderr, flush=True)
