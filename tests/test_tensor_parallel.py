@@ -54,7 +54,7 @@ def _answers(url: str, model: str) -> list[tuple[str, list[str]]]:
 
 def _metric(url: str, name: str) -> float:
     text = httpx.get(url + "/metrics", timeout=10).text
-    values = re.findall(rf"^mlxserve:{name}(?:_total)?{{[^}}]*}} (\S+)$", text, re.M)
+    values = re.findall(rf"^mlxserve:{name}(?:_total)?(?:{{[^}}]*}})? (\S+)$", text, re.M)
     assert values, f"/metrics has no {name}"
     return float(values[0])
 
@@ -126,3 +126,16 @@ class TestIdleRankSleeps:
         time.sleep(2.0)
         share = (cpu_seconds(ranks[0]) - before) / (time.monotonic() - start)
         assert share < 0.05, f"idle rank 1 used {share:.0%} of a core"
+
+
+class TestGroupMetrics:
+    def test_ranks_steps_and_collectives_are_exported(self, two_ranks):
+        _complete(two_ranks.url, two_ranks_model(two_ranks), PROMPTS[1])
+        assert _metric(two_ranks.url, "tensor_parallel_ranks") == 2
+        assert _metric(two_ranks.url, "tensor_parallel_steps") >= MAX_TOKENS
+        # Two sharded layers, an all_sum after attention and after the MLP of each.
+        assert _metric(two_ranks.url, "tensor_parallel_collectives_per_step") % 4 == 0
+        assert _metric(two_ranks.url, "tensor_parallel_collectives_per_step") > 0
+        forward = _metric(two_ranks.url, "tensor_parallel_forward_seconds")
+        collectives = _metric(two_ranks.url, "tensor_parallel_collective_seconds_estimate")
+        assert 0 < collectives < forward, (collectives, forward)

@@ -98,6 +98,11 @@ def serve(
 
     def on_ready(loaded: LoadedModel, engine: EngineClient) -> None:
         state.attach(loaded, engine)
+        if group is not None:
+            from mlxserve.server.lifecycle.group_metrics import GroupCollector
+
+            stats = engine.executor  # the DistributedExecutor of build_engine
+            state.metrics.registry.register(GroupCollector(lambda: stats.stats))
         model = state.models.default()
         logger.info(
             "ready: serving %s (context %d tokens) at http://%s:%d/v1",
