@@ -183,6 +183,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=server_config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if distributed.tensor_parallel > 1 and not distributed.distributed:
+        from mlxserve.server.lifecycle.distributed import share_cpus
+
+        share_cpus(distributed.tensor_parallel)  # children inherit it
     _enable_fast_blas()
     if distributed.enabled:
         argv = list(sys.argv[1:] if argv is None else argv)

@@ -72,10 +72,13 @@ class RankedServer:
         return [int(p) for p in children.read_text().split()] if children.exists() else []
 
     def log(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(errors="replace")[-6000:]
 
-    def stop(self) -> None:
+    def stop(self) -> int:
+        """SIGTERM rank 0 (a drain); returns its exit status. Ranks still alive after
+        rank 0 exited are killed."""
         others = self.ranks() if self.proc.poll() is None else []
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -84,15 +87,22 @@ class RankedServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        for pid in others:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        self.leftover = [pid for pid in others if _alive(pid)]
+        for pid in self.leftover:
+            os.kill(pid, signal.SIGKILL)
         self._log.close()
+        return self.proc.returncode
 
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"

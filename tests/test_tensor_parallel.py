@@ -72,7 +72,11 @@ def two_ranks(model_dir, tmp_path_factory):
     args += ["--max-total-tokens", str(POOL), "--distributed-timeout", "60"]
     server = RankedServer(args, log).wait_ready()
     yield server
-    server.stop()
+    # A drain (SIGTERM) closes the group: rank 0 tells rank 1, both exit 0.
+    status = server.stop()
+    assert status == 0, f"rank 0 exited {status} after SIGTERM:\n{server.log()}"
+    assert not server.leftover, f"ranks {server.leftover} outlived rank 0"
+    assert "rank 1: closed by rank 0" in server.log(), server.log()
 
 
 @pytest.fixture(scope="module")

@@ -164,23 +164,32 @@ def _accept_workers(
     return workers  # type: ignore[return-value]
 
 
-def measure_all_sum(group: mx.distributed.Group, repeats: int = 5):  # noqa: ANN201
-    """Time one all_sum of a few sizes on every rank (a collective: all ranks call it).
+def measure_all_sum(group: mx.distributed.Group, repeats: int = 8, chain: int = 16):  # noqa: ANN201
+    """Time all_sums of a few sizes on every rank (collectives: all ranks call it).
+
+    Each timing evaluates ``chain`` dependent all_sums in one graph, as a forward does
+    (one eval per all_sum would mostly time the eval's own overhead).
 
     Returns:
-        ``f(nbytes) -> seconds``, a latency + bytes / bandwidth fit of the medians, for the
-        metrics' estimate of the time a step spends in collectives.
+        ``f(nbytes) -> seconds`` of one all_sum, a latency + bytes / bandwidth fit of the
+        fastest runs, for the metrics' estimate of the time a step spends in collectives.
+        NOTE: the fastest, not the median: on a loaded CPU one run in a few pays a
+        scheduler time slice (measured 115 us, then 9.8 ms, on 2 busy cores), so the
+        estimate is the floor the link allows.
     """
     points = []
     for nbytes in (64, 1 << 18, 1 << 22):
         x = mx.ones((nbytes // 4,), mx.float32)
-        mx.eval(mx.distributed.all_sum(x, group=group))
         times = []
-        for _ in range(repeats):
+        for i in range(repeats + 1):
+            y = x
+            for _ in range(chain):
+                y = mx.distributed.all_sum(y, group=group) * (1.0 / group.size())
             start = time.perf_counter()
-            mx.eval(mx.distributed.all_sum(x, group=group))
-            times.append(time.perf_counter() - start)
-        points.append((nbytes, float(np.median(times))))
+            mx.eval(y)
+            if i:  # the first one warms up
+                times.append((time.perf_counter() - start) / chain)
+        points.append((nbytes, min(times)))
     latency = points[0][1]
     per_byte = max((points[-1][1] - latency) / (points[-1][0] - points[0][0]), 0.0)
     logger.info(

@@ -64,6 +64,16 @@ def free_loopback_ports(n: int) -> list[int]:
             s.close()
 
 
+def share_cpus(ranks: int) -> None:
+    """Give each of ``ranks`` local ranks its share of the CPUs for OpenBLAS (unless the
+    user fixed a count); call before OpenBLAS loads. Each rank otherwise starts a thread
+    per CPU, and on the CPU backend N ranks x all CPUs threads (plus a rank spinning in a
+    collective) oversubscribe the cores each rank waits on."""
+    if any(os.environ.get(k) for k in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS")):
+        return
+    os.environ["OPENBLAS_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // ranks))
+
+
 def start_local_ranks(argv: Sequence[str], ranks: int) -> LocalRanks:
     """Start ranks 1..ranks-1 as children running ``argv`` with ``--distributed``, and
     make this process rank 0 of the same ring (``MLX_RANK``, ``MLX_HOSTFILE``)."""

@@ -43,7 +43,7 @@ class GroupCollector(Collector):
         )
         yield CounterMetricFamily(
             p + "collective_seconds_estimate",
-            "Estimated time in collectives: their count x the all_sum latency for the "
-            "step's activations measured at start-up.",
+            "Estimated time in collectives: their count x the fastest all_sum time for the "
+            "step's activations measured at start-up (a floor under CPU contention).",
             s.collective_seconds,
         )
