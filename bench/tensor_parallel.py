@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -58,7 +59,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(model: Path, ranks: int, log: Path) -> tuple[subprocess.Popen, str]:
+def start(
+    model: Path, ranks: int, log: Path, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen, str]:
     port = free_port()
     args = ["--model", str(model), "--max-total-tokens", "8192", "--port", str(port)]
     if ranks > 1:
@@ -68,6 +71,7 @@ def start(model: Path, ranks: int, log: Path) -> tuple[subprocess.Popen, str]:
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
         cwd=REPO_ROOT,
+        env={**os.environ, **(env or {})},
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
@@ -96,13 +100,16 @@ def metric(url: str, name: str) -> float:
     return float(found[0]) if found else float("nan")
 
 
-def measure(model: Path, ranks: int, requests: int, tokens: int, log: Path) -> dict:
-    proc, url = start(model, ranks, log)
+def measure(
+    model: Path, ranks: int, requests: int, tokens: int, log: Path, env: dict | None = None
+) -> dict:
+    proc, url = start(model, ranks, log, env)
     name = model.name
     try:
         generate(url, name, [1, 2, 3], 4)  # warm
         steps0 = metric(url, "tensor_parallel_steps")
         fwd0 = metric(url, "tensor_parallel_forward_seconds")
+        send0 = metric(url, "tensor_parallel_send_seconds")
         coll0 = metric(url, "tensor_parallel_collective_seconds_estimate")
         started = time.perf_counter()
         single = generate(url, name, [5, 6, 7, 8], tokens) / (time.perf_counter() - started)
@@ -119,6 +126,7 @@ def measure(model: Path, ranks: int, requests: int, tokens: int, log: Path) -> d
             row["collective_ms"] = (
                 1e3 * (metric(url, "tensor_parallel_collective_seconds_estimate") - coll0) / steps
             )
+            row["send_ms"] = 1e3 * (metric(url, "tensor_parallel_send_seconds") - send0) / steps
             row["collectives_per_step"] = metric(url, "tensor_parallel_collectives_per_step")
             line = re.search(
                 r"all_sum over \d+ ranks: (\d+) us latency, ([\d.inf]+) GB/s", log.read_text()
@@ -139,19 +147,25 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         model = build_model(Path(tmp) / "tp-llama", args.hidden, args.layers)
-        rows = [
-            measure(model, ranks, args.requests, args.tokens, Path(tmp) / f"r{ranks}.log")
-            for ranks in (1, 2)
+        setups = [
+            ("1 process", 1, None),
+            ("1 process, 1 BLAS thread", 1, {"OPENBLAS_NUM_THREADS": "1"}),
+            ("2 ranks (1 BLAS thread each)", 2, None),
         ]
+        rows = []
+        for label, ranks, env in setups:
+            log = Path(tmp) / f"{len(rows)}.log"
+            rows.append(measure(model, ranks, args.requests, args.tokens, log, env))
+            rows[-1]["label"] = label
     print(f"model: llama, hidden {args.hidden}, {args.layers} layers, 16 heads / 8 KV heads")
     print(f"| set-up | single stream tok/s | {args.requests} streams tok/s |")
     print("|---|---|---|")
     for r in rows:
-        label = "1 process" if r["ranks"] == 1 else f"{r['ranks']} ranks"
-        print(f"| {label} | {r['single_tok_s']:.1f} | {r['concurrent_tok_s']:.1f} |")
-    group = rows[1]
+        print(f"| {r['label']} | {r['single_tok_s']:.1f} | {r['concurrent_tok_s']:.1f} |")
+    group = rows[-1]
     print(
         f"2 ranks: {group['steps']:.0f} forwards, {group['step_ms']:.1f} ms per step on rank 0, "
+        f"{group['send_ms']:.2f} ms sending the batch, "
         f"{group['collectives_per_step']:.0f} all_sums in the last step, estimated "
         f"{group['collective_ms']:.2f} ms per step in collectives; {group['all_sum']}"
     )
