@@ -218,7 +218,7 @@ class DistributedConfig:
         tensor_parallel: split the model over N ranks; without --distributed, mlxserve
             starts the N-1 other ranks on this machine itself (ring backend over
             127.0.0.1). 1: one process.
-        distributed: this process is one rank of a group started by ``mlx.launch`` (which
+        distributed: this process is one rank of a group started by mlx.launch (which
             sets MLX_RANK and MLX_HOSTFILE); every rank runs the same command, rank 0
             serves HTTP and the others run its forwards.
         distributed_backend: the mx.distributed backend (ring: TCP; jaccl: Thunderbolt
