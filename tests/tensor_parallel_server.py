@@ -1,5 +1,5 @@
-"""Starting and watching an ``mlxserve --tensor-parallel`` server (its ranks are processes)
-for the tensor-parallel tests."""
+"""Helpers of the tensor-parallel tests: starting and watching an ``mlxserve
+--tensor-parallel`` server (its ranks are processes), and a sample ForwardBatch."""
 
 from __future__ import annotations
 
@@ -12,7 +12,10 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
+
+from mlxserve.scheduler.batch import ForwardBatch, SamplingArrays
 
 CLI = "import sys; from mlxserve.server.cli import main; sys.exit(main(sys.argv[1:]))"
 
@@ -106,3 +109,32 @@ def _alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return state != "Z"
+
+
+def sample_batch(embed: bool = False) -> ForwardBatch:
+    """A 3-row prefill batch in two row groups (wire format and executor tests)."""
+    b = 3
+    return ForwardBatch(
+        phase="prefill",
+        request_ids=["a", "b", "c"],
+        input_ids=np.array([[1, 2, 3], [4, 0, 0], [5, 6, 0]], np.int32),
+        computed_lens=np.array([0, 7, 2], np.int32),
+        extend_lens=np.array([3, 1, 2], np.int32),
+        write_slots=np.array([[1, 2, 3], [9, 0, 0], [4, 5, 0]], np.int32),
+        read_slots=np.arange(30, dtype=np.int32).reshape(3, 10),
+        sliding_write_slots=np.zeros((b, 3), np.int32),
+        sliding_read_slots=np.zeros((b, 0), np.int32),
+        sliding_read_start=np.zeros(b, np.int32),
+        state_slots=np.array([1, 2, 3], np.int32),
+        fresh_rows=np.array([True, False, False]),
+        sample_rows=np.array([True, True, False]),
+        sampling=SamplingArrays(
+            temperature=np.ones(b, np.float32),
+            top_p=np.ones(b, np.float32),
+            top_k=np.zeros(b, np.int32),
+            min_p=np.zeros(b, np.float32),
+        ),
+        state_copies_in=np.array([[1, 2]], np.int32),
+        row_groups=(np.array([0, 2]), np.array([1])),
+        embed_rows=np.array([False, True, False]) if embed else None,
+    )

@@ -12,37 +12,9 @@ from mlx_lm.models import gemma, llama
 
 from mlxserve.mlx_backend.distributed import wire
 from mlxserve.mlx_backend.distributed.sharding import ShardingError, check_shardable
-from mlxserve.scheduler.batch import ForwardBatch, SamplingArrays
 from mlxserve.scheduler.memory_plan import MemoryPlan, PoolRequest
 from mlxserve.server.cli import main
-
-
-def _batch(embed: bool = False) -> ForwardBatch:
-    b = 3
-    return ForwardBatch(
-        phase="prefill",
-        request_ids=["a", "b", "c"],
-        input_ids=np.array([[1, 2, 3], [4, 0, 0], [5, 6, 0]], np.int32),
-        computed_lens=np.array([0, 7, 2], np.int32),
-        extend_lens=np.array([3, 1, 2], np.int32),
-        write_slots=np.array([[1, 2, 3], [9, 0, 0], [4, 5, 0]], np.int32),
-        read_slots=np.arange(30, dtype=np.int32).reshape(3, 10),
-        sliding_write_slots=np.zeros((b, 3), np.int32),
-        sliding_read_slots=np.zeros((b, 0), np.int32),
-        sliding_read_start=np.zeros(b, np.int32),
-        state_slots=np.array([1, 2, 3], np.int32),
-        fresh_rows=np.array([True, False, False]),
-        sample_rows=np.array([True, True, False]),
-        sampling=SamplingArrays(
-            temperature=np.ones(b, np.float32),
-            top_p=np.ones(b, np.float32),
-            top_k=np.zeros(b, np.int32),
-            min_p=np.zeros(b, np.float32),
-        ),
-        state_copies_in=np.array([[1, 2]], np.int32),
-        row_groups=(np.array([0, 2]), np.array([1])),
-        embed_rows=np.array([False, True, False]) if embed else None,
-    )
+from tests.tensor_parallel_server import sample_batch
 
 
 def _through_socket(frame: bytes) -> wire.Message:
@@ -55,7 +27,7 @@ def _through_socket(frame: bytes) -> wire.Message:
 class TestWireFormat:
     @pytest.mark.parametrize("embed", [False, True])
     def test_batch_round_trip(self, embed):
-        sent = _batch(embed)
+        sent = sample_batch(embed)
         msg = _through_socket(wire.encode(wire.Kind.FORWARD, wire.encode_batch(sent)))
         got = wire.decode_batch(msg.arrays)
         assert msg.kind == wire.Kind.FORWARD
