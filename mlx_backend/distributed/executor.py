@@ -117,7 +117,7 @@ class DistributedExecutor:
         self._broadcast(wire.Kind.PLAN, wire.encode_pool_request(request))
         mine = self._mlx.submit(lambda: self.local.plan(request))
         plans = [wire.decode_plan(self._reply(r, wire.Kind.PLANNED)) for r in self._ranks()]
-        plans.insert(0, self._wait(mine))
+        plans.insert(0, self._wait(mine, "plan"))
         chosen = min(plans, key=lambda p: (p.full_tokens, p.sliding_tokens, p.state_slots))
         logger.info("memory plan of %d ranks: %s", self.group.size, [p.full_tokens for p in plans])
         return chosen
@@ -127,7 +127,7 @@ class DistributedExecutor:
         mine = self._mlx.submit(lambda: self.local.allocate(plan))
         for r in self._ranks():
             self._reply(r, wire.Kind.ALLOCATED)
-        self._wait(mine)
+        self._wait(mine, "allocation")
         self.hidden_bytes = _hidden_bytes(self.local)
         self._monitor.start()
 
@@ -135,7 +135,7 @@ class DistributedExecutor:
         started = time.perf_counter()
         self._broadcast(wire.Kind.FORWARD, wire.encode_batch(batch))
         sent = time.perf_counter()
-        out = self._local(lambda: self.local.forward(batch))
+        out = self._local(lambda: self.local.forward(batch), "forward")
         self._count(batch, sent - started, time.perf_counter() - started)
         return out
 
@@ -158,7 +158,7 @@ class DistributedExecutor:
             except OSError:
                 pass
         if self._lost is None:
-            self._local(self.local.close)
+            self._local(self.local.close, "close")
 
     # ------------------------------------------------------------ internals
     def _ranks(self) -> range:
@@ -186,11 +186,11 @@ class DistributedExecutor:
             self._fail(f"rank {rank} answered {msg.kind.name}, expected {kind.name}")
         return msg.arrays
 
-    def _local(self, call: Callable):  # noqa: ANN202 - returns what call returns
+    def _local(self, call: Callable, what: str):  # noqa: ANN202 - returns what call returns
         """Run ``call`` on the MLX thread (see ``_wait``)."""
-        return self._wait(self._mlx.submit(call))
+        return self._wait(self._mlx.submit(call), what)
 
-    def _wait(self, future: Future):  # noqa: ANN202 - returns the future's result
+    def _wait(self, future: Future, what: str):  # noqa: ANN202 - the future's result
         """The MLX thread's result, giving up as soon as a rank is known lost.
 
         NOTE: any failure of rank 0's own step is fatal: the other ranks ran (or are
@@ -202,7 +202,7 @@ class DistributedExecutor:
         except ExecutorFailed:
             raise
         except Exception as e:
-            self._fail(f"rank 0's step failed, the ranks are out of step: {e}")
+            self._fail(f"rank 0's {what} failed (the group stops: ranks out of step): {e}")
 
     def _mark_lost(self, reason: str) -> bool:
         """Record the first loss; True if this call recorded it."""
