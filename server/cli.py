@@ -176,17 +176,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         distributed = _from_args(DistributedConfig, args)
         declarations = declared_models(specs, server_config, model_config)
         if distributed.enabled and declarations:
-            raise ValueError("--tensor-parallel / --distributed serve one model (one --model)")
+            raise ValueError("a distributed group serves one model (one --model)")
     except ValueError as e:
         parser.error(str(e))
     logging.basicConfig(
         level=server_config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if distributed.tensor_parallel > 1 and not distributed.distributed:
+    if distributed.ranks > 1 and not distributed.distributed:
         from mlxserve.server.lifecycle.distributed import share_cpus
 
-        share_cpus(distributed.tensor_parallel)  # children inherit it
+        share_cpus(distributed.ranks)  # children inherit it
     _enable_fast_blas()
     if distributed.enabled:
         argv = list(sys.argv[1:] if argv is None else argv)
@@ -211,7 +211,7 @@ def _serve_distributed(
 
     local = LocalRanks()
     if not distributed.distributed:
-        local = start_local_ranks(argv, distributed.tensor_parallel)
+        local = start_local_ranks(argv, distributed.ranks)
     status = 1
     try:
         group = form_group(distributed, on_exit=lambda: local.stop(0))

@@ -74,7 +74,7 @@ def setup():
     local = FakeLocal()
     lost: list[str] = []
     executor = DistributedExecutor(
-        local, Group(None, 0, 2, [ours], None), sharded_layers=2, on_lost=lost.append
+        local, Group(None, 0, 2, [ours], None), collectives_per_forward=4, on_lost=lost.append
     )
     plan = executor.plan(REQUEST)
     executor.allocate(plan)

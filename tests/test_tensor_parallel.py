@@ -59,16 +59,27 @@ def _metric(url: str, name: str) -> float:
     return float(values[0])
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen3"])
-def model_dir(request, tmp_path_factory):
-    require_loopback_ports()
-    return build_tiny_model_dir(request.param, tmp_path_factory.mktemp(request.param))
+# Tensor parallelism (every layer split) on two families with shard(); pipeline
+# parallelism (each rank a run of layers) on a hybrid model with pipeline().
+SPLITS = [("llama", "--tensor-parallel"), ("qwen3", "--tensor-parallel")]
+SPLITS += [("qwen3_next", "--pipeline-parallel")]
+
+
+@pytest.fixture(scope="module", params=SPLITS, ids=[arch for arch, _ in SPLITS])
+def split(request):
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def two_ranks(model_dir, tmp_path_factory):
+def model_dir(split, tmp_path_factory):
+    require_loopback_ports()
+    return build_tiny_model_dir(split[0], tmp_path_factory.mktemp(split[0]))
+
+
+@pytest.fixture(scope="module")
+def two_ranks(model_dir, split, tmp_path_factory):
     log = tmp_path_factory.mktemp("logs") / f"{model_dir.name}.log"
-    args = ["--model", str(model_dir), "--tensor-parallel", "2"]
+    args = ["--model", str(model_dir), split[1], "2"]
     args += ["--max-total-tokens", str(POOL), "--distributed-timeout", "60"]
     server = RankedServer(args, log).wait_ready()
     yield server
@@ -110,7 +121,8 @@ class TestTwoRanksEqualOneProcess:
         assert _metric(two_ranks.url, "prefix_cache_tokens") > 0, "the prefix cache kept none"
         assert "slot accounting is broken" not in two_ranks.log(), two_ranks.log()
 
-    def test_each_rank_holds_half_the_kv_heads(self, two_ranks, one_process):
+    def test_each_rank_holds_half_the_kv(self, two_ranks, one_process):
+        # Tensor parallel: half the KV heads of every layer; pipeline: half the layers.
         pools = re.findall(r"KV pools: \d+ full-attention slots \(([\d.]+) MiB\)", two_ranks.log())
         assert len(pools) == 2, f"expected one pool line per rank: {pools}"
         one = one_process.engine.executor.kv.arrays()
@@ -133,13 +145,15 @@ class TestIdleRankSleeps:
 
 
 class TestGroupMetrics:
-    def test_ranks_steps_and_collectives_are_exported(self, two_ranks):
+    def test_ranks_steps_and_collectives_are_exported(self, two_ranks, split):
         _complete(two_ranks.url, two_ranks_model(two_ranks), PROMPTS[1])
         assert _metric(two_ranks.url, "tensor_parallel_ranks") == 2
         assert _metric(two_ranks.url, "tensor_parallel_steps") >= MAX_TOKENS
-        # Two sharded layers, an all_sum after attention and after the MLP of each.
-        assert _metric(two_ranks.url, "tensor_parallel_collectives_per_step") % 4 == 0
-        assert _metric(two_ranks.url, "tensor_parallel_collectives_per_step") > 0
+        collectives = _metric(two_ranks.url, "tensor_parallel_collectives_per_step")
+        # Sharded: two layers, an all_sum after attention and after the MLP of each, per
+        # row group; pipelined: a send or receive and the final all_gather per row group.
+        per_group = 4 if split[1] == "--tensor-parallel" else 2
+        assert collectives > 0 and collectives % per_group == 0, collectives
         forward = _metric(two_ranks.url, "tensor_parallel_forward_seconds")
         collectives = _metric(two_ranks.url, "tensor_parallel_collective_seconds_estimate")
         assert 0 < collectives < forward, (collectives, forward)

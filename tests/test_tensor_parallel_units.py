@@ -11,7 +11,12 @@ import pytest
 from mlx_lm.models import gemma, llama
 
 from mlxserve.mlx_backend.distributed import wire
-from mlxserve.mlx_backend.distributed.sharding import ShardingError, check_shardable
+from mlxserve.mlx_backend.distributed.executor import smallest_plan
+from mlxserve.mlx_backend.distributed.sharding import (
+    ShardingError,
+    check_shardable,
+    pipeline_module,
+)
 from mlxserve.scheduler.memory_plan import MemoryPlan, PoolRequest
 from mlxserve.server.cli import main
 from tests.tensor_parallel_server import sample_batch
@@ -115,6 +120,21 @@ class TestShardingChecks:
             check_shardable(gemma.Model(args), 2)
 
 
+class TestPipelineChecks:
+    def test_model_without_pipeline_is_refused_by_name(self):
+        with pytest.raises(ShardingError, match="'llama' has no pipeline"):
+            pipeline_module(_llama(4, 2))
+
+
+class TestSmallestPlan:
+    def test_each_kind_takes_the_fewest_slots_of_the_ranks_holding_it(self):
+        # Pipeline ranks may hold different kinds of layers: a rank without recurrent
+        # layers (0 state slots) must not take the others' state slots away.
+        plans = [MemoryPlan(512, 0, None, 0, 10), MemoryPlan(300, 64, 8, 16, 20)]
+        assert smallest_plan(plans) == MemoryPlan(300, 64, 8, 16, 20)
+        assert smallest_plan([MemoryPlan(512), MemoryPlan(400)]).full_tokens == 400
+
+
 class TestCliRefusals:
     @pytest.mark.parametrize(
         "argv",
@@ -122,6 +142,7 @@ class TestCliRefusals:
             ["--tensor-parallel", "2", "--model", "a", "--model", "b"],
             ["--tensor-parallel", "0"],
             ["--tensor-parallel", "2", "--distributed-backend", "jaccl"],
+            ["--tensor-parallel", "2", "--pipeline-parallel", "2"],
         ],
     )
     def test_bad_combinations_are_usage_errors(self, argv, capsys):

@@ -39,8 +39,8 @@ class DistributedStats:
         steps: forwards run.
         forward_seconds: time rank 0 spent in forwards (model, collectives, sampling).
         send_seconds: time spent sending batches to the other ranks.
-        collectives_per_step: all_sums of the last forward (two per sharded layer per
-            row group).
+        collectives_per_step: collectives of the last forward (tensor parallel: two
+            all_sums per layer per row group).
         collective_seconds: estimated time of those collectives, summed over the steps
             (count x the all_sum latency measured at start-up for the step's activations).
     """
@@ -59,7 +59,8 @@ class DistributedExecutor:
     Args:
         local: rank 0's own executor over its shard.
         group: the formed group (its ``workers`` sockets).
-        sharded_layers: layers ``shard()`` split (each all_sums twice per forward).
+        collectives_per_forward: collectives one forward of one row group issues
+            (``split_model``: 2 per layer when sharded).
         all_sum_seconds: ``f(bytes) -> seconds`` of one all_sum (start-up measurement), for
             the collective-time estimate; None: not estimated.
         on_lost: called once, from a monitor thread, when a rank is lost while idle
@@ -70,14 +71,14 @@ class DistributedExecutor:
         self,
         local: MLXExecutor,
         group: Group,
-        sharded_layers: int = 0,
+        collectives_per_forward: int = 0,
         all_sum_seconds: Callable[[int], float] | None = None,
         on_lost: Callable[[str], None] | None = None,
     ) -> None:
         self.local = local
         self.group = group
         self.on_lost = on_lost
-        self.sharded_layers = sharded_layers
+        self.collectives_per_forward = collectives_per_forward
         self.hidden_bytes = 0
         self._all_sum_seconds = all_sum_seconds
         self._lost: str | None = None
@@ -113,12 +114,12 @@ class DistributedExecutor:
 
     def plan(self, request: PoolRequest) -> MemoryPlan:
         """Every rank probes its layout and sizes its pools; all take the smallest plan
-        (the rank with the least free memory decides)."""
+        (``smallest_plan``: the rank with the least free memory decides)."""
         self._broadcast(wire.Kind.PLAN, wire.encode_pool_request(request))
         mine = self._mlx.submit(lambda: self.local.plan(request))
         plans = [wire.decode_plan(self._reply(r, wire.Kind.PLANNED)) for r in self._ranks()]
         plans.insert(0, self._wait(mine, "plan"))
-        chosen = min(plans, key=lambda p: (p.full_tokens, p.sliding_tokens, p.state_slots))
+        chosen = smallest_plan(plans)
         logger.info("memory plan of %d ranks: %s", self.group.size, [p.full_tokens for p in plans])
         return chosen
 
@@ -220,14 +221,14 @@ class DistributedExecutor:
 
     def _count(self, batch: ForwardBatch, send_s: float, total_s: float) -> None:
         groups = max(len(batch.row_groups), 1)
-        count = 2 * self.sharded_layers * groups
+        count = self.collectives_per_forward * groups
         estimate = 0.0
         if self._all_sum_seconds is not None and self.hidden_bytes:
             # An all_sum per group carries that group's [rows, width, hidden] activations.
             widths = [len(g) for g in batch.row_groups] or [batch.batch_size]
             tokens = batch.input_ids.shape[1]
             estimate = sum(
-                2 * self.sharded_layers * self._all_sum_seconds(n * tokens * self.hidden_bytes)
+                self.collectives_per_forward * self._all_sum_seconds(n * tokens * self.hidden_bytes)
                 for n in widths
             )
         s = self._stats
@@ -257,6 +258,24 @@ class DistributedExecutor:
         if self._mark_lost(reason + " (its control connection closed)" * (not data)):
             if self.on_lost is not None:
                 self.on_lost(reason)
+
+
+def smallest_plan(plans: list[MemoryPlan]) -> MemoryPlan:
+    """The plan every rank can hold: per kind of slot, the fewest any rank that has that
+    kind can hold (with pipeline parallelism a rank may hold no layer of a kind)."""
+
+    def fewest(values: list[int]) -> int:
+        held = [v for v in values if v > 0]
+        return min(held) if held else 0
+
+    windows = [p.window for p in plans if p.window is not None]
+    return MemoryPlan(
+        full_tokens=fewest([p.full_tokens for p in plans]),
+        sliding_tokens=fewest([p.sliding_tokens for p in plans]),
+        window=max(windows) if windows else None,
+        state_slots=fewest([p.state_slots for p in plans]),
+        pool_bytes=max(p.pool_bytes for p in plans),
+    )
 
 
 def _hidden_bytes(local: MLXExecutor) -> int:

@@ -54,6 +54,8 @@ class Group:
     leader: socket.socket | None
     # f(bytes) -> seconds of one all_sum (measure_all_sum), for the metrics' estimate.
     all_sum_seconds: Callable[[int], float] | None = None
+    # How the model is split over the ranks: "tensor" (shard()) or "pipeline" (pipeline()).
+    split: str = "tensor"
 
 
 def init_group(backend: str, timeout: float) -> mx.distributed.Group:

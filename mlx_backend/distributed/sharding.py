@@ -1,6 +1,8 @@
-"""Splitting a model over the group with mlx-lm's own ``shard(group)``, after checking it
-can be split evenly (``shard()`` itself does not check: one KV head over two ranks gives
-``n_kv_heads = 0`` and a reshape error much later)."""
+"""Splitting a model over the group with mlx-lm's own methods: ``shard(group)`` (tensor
+parallelism: every layer split), after checking it can be split evenly (``shard()`` itself
+does not check: one KV head over two ranks gives ``n_kv_heads = 0`` and a reshape error
+much later), or ``pipeline(group)`` (pipeline parallelism: each rank keeps a run of whole
+layers; rank 0 the last ones)."""
 
 from __future__ import annotations
 
@@ -54,6 +56,50 @@ def shard_model(model: nn.Module, group: mx.distributed.Group) -> None:
     """Keep this rank's share of ``model``'s weights (in place), after ``check_shardable``."""
     check_shardable(model, group.size())
     model.shard(group)
+
+
+def pipeline_module(model: nn.Module) -> nn.Module:
+    """The module holding mlx-lm's ``pipeline()`` (the model or its inner text model).
+
+    Raises:
+        ShardingError: the model has none.
+    """
+    inner = getattr(model, "model", None)
+    language = getattr(model, "language_model", None)
+    candidates = [model, inner, language, getattr(language, "model", None)]
+    for module in candidates:
+        if module is not None and callable(getattr(module, "pipeline", None)):
+            return module
+    raise ShardingError(
+        f"model type {model_type(model)!r} has no pipeline() in mlx-lm; use --tensor-parallel"
+    )
+
+
+def pipeline_model(model: nn.Module, group: mx.distributed.Group) -> None:
+    """Keep this rank's run of layers (in place); each rank needs at least one.
+
+    Raises:
+        ShardingError: no ``pipeline()``, or fewer layers than ranks.
+    """
+    module = pipeline_module(model)
+    layers = len(getattr(module, "layers", []) or [])
+    if layers < group.size():
+        raise ShardingError(f"cannot split {layers} layers over {group.size()} ranks")
+    module.pipeline(group)
+
+
+def split_model(model: nn.Module, group: mx.distributed.Group, split: str) -> int:
+    """Split ``model`` over ``group`` by ``split`` ("tensor" or "pipeline").
+
+    Returns:
+        the collectives one forward issues (tensor: 2 per layer; pipeline: a send or a
+        receive and the final all_gather).
+    """
+    if split == "pipeline":
+        pipeline_model(model, group)
+        return 2
+    shard_model(model, group)
+    return 2 * sharded_layers(model)
 
 
 def _first(args: object, names: tuple[str, ...]) -> int | None:

@@ -106,9 +106,13 @@ class BatchContext:
 
 class PoolKVCacheView:
     """One attention cache for one batch: writes scatter into the pool, reads gather the
-    batch's slots from it. It holds no K/V of its own."""
+    batch's slots from it. It holds no K/V of its own.
+
+    ``keys`` is this step's new keys (never the pool): mlx-lm's ``pipeline()`` models tie
+    their send to the next rank to the last cache's ``keys`` (``mx.depends``)."""
 
     def __init__(self, pool: KVPool, spec: CacheSpec, ctx: BatchContext) -> None:
+        self.keys: mx.array | None = None
         self._pool = pool
         self._index = spec.pool_index
         self._space = "full" if spec.kind == "full" else "sliding"
@@ -118,6 +122,7 @@ class PoolKVCacheView:
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         B, H, L, _ = keys.shape
+        self.keys = keys
         index = self._ctx.spaces[self._space]
         flat_k = keys.transpose(1, 0, 2, 3).reshape(H, B * L, keys.shape[-1])
         flat_v = values.transpose(1, 0, 2, 3).reshape(H, B * L, values.shape[-1])

@@ -86,10 +86,8 @@ def start_local_ranks(argv: Sequence[str], ranks: int) -> LocalRanks:
         sys.executable,
         "-c",
         "import sys; from mlxserve.server.cli import main; sys.exit(main(sys.argv[1:]))",
-        *argv,
+        *argv,  # holds --tensor-parallel N or --pipeline-parallel N
         "--distributed",
-        "--tensor-parallel",
-        str(ranks),
         "--distributed-backend",
         "ring",
     ]
@@ -134,13 +132,13 @@ def form_group(config: DistributedConfig, on_exit: Callable[[], None] | None = N
     try:
         # A watchdog (no GIL needed) ends the process if this does not finish in time.
         mx_group = init_group(config.distributed_backend, config.distributed_timeout)
-        if config.tensor_parallel > 1 and mx_group.size() != config.tensor_parallel:
+        if config.ranks > 1 and mx_group.size() != config.ranks:
             raise RuntimeError(
-                f"--tensor-parallel {config.tensor_parallel} but the group has "
-                f"{mx_group.size()} ranks"
+                f"{config.ranks} ranks asked for but the group has {mx_group.size()}"
             )
         group = connect_group(mx_group, config.distributed_timeout, config.distributed_host)
         group.all_sum_seconds = measure_all_sum(mx_group)
+        group.split = config.split
         faulthandler.cancel_dump_traceback_later()
     except (TimeoutError, ConnectionError, RuntimeError, ValueError) as e:
         logger.error("%s", e)
@@ -160,7 +158,7 @@ def run_rank(group, model_config: ModelConfig, engine_config: EngineConfig) -> i
         0 when rank 0 closed the group, 1 when it went away or a step failed.
     """
     from mlxserve.mlx_backend.distributed import wire
-    from mlxserve.mlx_backend.distributed.sharding import shard_model
+    from mlxserve.mlx_backend.distributed.sharding import split_model
     from mlxserve.mlx_backend.distributed.worker import run_worker
     from mlxserve.mlx_backend.executor import MLXExecutor
     from mlxserve.mlx_backend.loading.loader import load_model
@@ -172,7 +170,7 @@ def run_rank(group, model_config: ModelConfig, engine_config: EngineConfig) -> i
             raise ValueError("encoder models are not served tensor-parallel")
         if not model_config.keep_quantized:
             convert_for_backend(loaded)
-        shard_model(loaded.model, group.group)
+        split_model(loaded.model, group.group, group.split)
     except Exception as e:  # noqa: BLE001 - told to rank 0, which fails its load too
         logger.error("rank %d cannot load its shard: %s", group.rank, e)
         try:

@@ -1,6 +1,6 @@
 """The composition root of an engine: an MLX executor for a loaded model, handed to the
 numpy-only engine (``scheduler/engine.py``), or for an encoder model to the encoder engine
-(``scheduler/encoder_engine.py``). In a tensor-parallel group, the model is sharded first
+(``scheduler/encoder_engine.py``). In a tensor- or pipeline-parallel group, the model is split first
 and rank 0's executor drives the other ranks (``mlx_backend/distributed/``)."""
 
 from __future__ import annotations
@@ -37,12 +37,10 @@ def build_engine(
     executor = MLXExecutor(loaded.model, seed=config.seed)
     if group is not None:
         from mlxserve.mlx_backend.distributed.executor import DistributedExecutor
-        from mlxserve.mlx_backend.distributed.sharding import shard_model, sharded_layers
+        from mlxserve.mlx_backend.distributed.sharding import split_model
 
-        shard_model(loaded.model, group.group)
-        executor = DistributedExecutor(
-            executor, group, sharded_layers(loaded.model), group.all_sum_seconds
-        )
+        collectives = split_model(loaded.model, group.group, group.split)
+        executor = DistributedExecutor(executor, group, collectives, group.all_sum_seconds)
     engine = Engine(
         executor,
         config,
