@@ -20,9 +20,9 @@ from mlxserve.scheduler.batch import ForwardBatch
 from mlxserve.scheduler.config import EngineConfig
 from mlxserve.scheduler.constraints import Constraint, ConstraintCompiler, GrammarSpec, TokenMasks
 from mlxserve.scheduler.executor import Executor
-from mlxserve.scheduler.inbox import AbortRequest, AddRequest, InboxMessage, Wake
+from mlxserve.scheduler.inbox import AbortRequest, AddRequest, ExecutorLost, InboxMessage, Wake
 from mlxserve.scheduler.memory_plan import MemoryPlan, PoolRequest
-from mlxserve.scheduler.outputs import FinishReason, RequestOutput
+from mlxserve.scheduler.outputs import ExecutorFailed, FinishReason, RequestOutput
 from mlxserve.scheduler.request import Request
 from mlxserve.scheduler.sampling_params import SamplingParams
 from mlxserve.scheduler.scheduler import Scheduler
@@ -104,6 +104,11 @@ class Engine:
             self._thread.join(timeout=30)
             _wait_for_native_exit(self._thread.native_id)
         atexit.unregister(self.shutdown)
+
+    def fail(self, reason: str) -> None:
+        """Stop the engine because its executor cannot run any more (any thread): every
+        request ends with an error naming ``reason`` and ``is_alive`` turns False."""
+        self._inbox.put(ExecutorLost(reason))
 
     @property
     def vocab_size(self) -> int:
@@ -291,6 +296,8 @@ class Engine:
         try:
             out = self.executor.forward(batch)
             sched.observe_step(batch, time.monotonic() - now)
+        except ExecutorFailed:
+            raise  # the engine thread ends: every request fails, /health turns 503
         except Exception as e:
             logger.exception("forward failed; failing %d requests", batch.batch_size)
             for req in sched.fail_in_flight():
@@ -334,6 +341,8 @@ class Engine:
             if req.constraint is not None and sched.constraints is None:
                 sched.constraints = TokenMasks(self.executor.vocab_size)
             self._requests[req.request_id] = req
+        elif isinstance(msg, ExecutorLost):
+            raise ExecutorFailed(msg.reason)
         elif isinstance(msg, AbortRequest):
             req = sched.abort(msg.request_id)
             if req is not None:

@@ -43,6 +43,8 @@ class Executor(Protocol):
         sample one token per row.
 
         Raises:
+            ExecutorFailed: the executor can run nothing more (``scheduler/outputs.py``);
+                the engine fails every request and stops.
             Exception: the forward failed; the engine fails the batch's requests.
         """
         ...

@@ -28,4 +28,11 @@ class Wake:
     """Nothing to do: makes a blocked engine thread look at its stop flag."""
 
 
-InboxMessage = AddRequest | AbortRequest | Wake
+@dataclass(frozen=True)
+class ExecutorLost:
+    """The executor reported it can no longer run (from any thread): the engine stops."""
+
+    reason: str
+
+
+InboxMessage = AddRequest | AbortRequest | Wake | ExecutorLost

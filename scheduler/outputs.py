@@ -10,6 +10,11 @@ import numpy as np
 FinishReason = Literal["stop", "length", "abort", "error"]
 
 
+class ExecutorFailed(RuntimeError):
+    """The executor can run no more forwards (e.g. a rank of its group was lost): the
+    engine fails every request and stops, so ``/health`` turns 503 and the server exits."""
+
+
 @dataclass(frozen=True)
 class TokenLogprob:
     """The model's raw logprob of one token and its ``top`` alternatives.

@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import inspect
 import logging
+import os
 import re
 import sys
 import typing
@@ -17,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mlxserve.scheduler.config import EngineConfig
-from mlxserve.server.config import ModelConfig, ServerConfig
+from mlxserve.server.config import DistributedConfig, ModelConfig, ServerConfig
 from mlxserve.server.models.declarations import (
     ModelDeclaration,
     discover_models_dir,
@@ -102,6 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_dataclass_options(parser.add_argument_group("server options"), ServerConfig)
     _add_dataclass_options(parser.add_argument_group("engine options"), EngineConfig)
+    _add_dataclass_options(
+        parser.add_argument_group("distributed options (one model over several processes)"),
+        DistributedConfig,
+    )
     parser.add_argument(
         "--version",
         action="store_true",
@@ -149,12 +154,13 @@ def _serve(
     model_config: ModelConfig,
     engine_config: EngineConfig,
     declarations: list[ModelDeclaration] | None,
+    group: Any = None,
 ) -> int:
     from mlxserve.mlx_backend.loading.loader import ModelLoadError
     from mlxserve.server.lifecycle.launch import serve
 
     try:
-        serve(server_config, model_config, engine_config, declarations)
+        serve(server_config, model_config, engine_config, declarations, group=group)
     except (ModelLoadError, RuntimeError) as e:
         # RuntimeError: the engine failed to start (e.g. no memory for its KV pool).
         return _fail(str(e))
@@ -177,15 +183,60 @@ def main(argv: Sequence[str] | None = None) -> int:
         server_config = _from_args(ServerConfig, args)
         model_config = _from_args(ModelConfig, args)
         engine_config = _from_args(EngineConfig, args)
+        distributed = _from_args(DistributedConfig, args)
         declarations = declared_models(specs, server_config, model_config)
+        if distributed.enabled and declarations:
+            raise ValueError("a distributed group serves one model (one --model)")
     except ValueError as e:
         parser.error(str(e))
     logging.basicConfig(
         level=server_config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if distributed.ranks > 1 and not distributed.distributed:
+        from mlxserve.server.lifecycle.distributed import share_cpus
+
+        share_cpus(distributed.ranks)  # children inherit it
     _enable_fast_blas()
+    if distributed.enabled:
+        argv = list(sys.argv[1:] if argv is None else argv)
+        return _serve_distributed(argv, server_config, model_config, engine_config, distributed)
     return _serve(server_config, model_config, engine_config, declarations)
+
+
+def _serve_distributed(
+    argv: list[str],
+    server_config: ServerConfig,
+    model_config: ModelConfig,
+    engine_config: EngineConfig,
+    distributed: DistributedConfig,
+) -> int:
+    """One rank of a tensor-parallel group: rank 0 serves HTTP, the others its forwards."""
+    from mlxserve.server.lifecycle.distributed import (
+        LocalRanks,
+        form_group,
+        run_rank,
+        start_local_ranks,
+    )
+
+    local = LocalRanks()
+    if not distributed.distributed:
+        local = start_local_ranks(argv, distributed.ranks)
+    status = 1
+    try:
+        group = form_group(distributed, on_exit=lambda: local.stop(0))
+        if group.rank != 0:
+            status = run_rank(group, model_config, engine_config)
+        else:
+            status = _serve(server_config, model_config, engine_config, None, group=group)
+    finally:
+        local.stop()
+        # NOTE: after a lost rank, this rank's MLX thread may be blocked in a collective
+        # for good (MLX's ring never wakes it): end the process without joining threads.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        logging.shutdown()
+        os._exit(status)
 
 
 def declared_models(

@@ -208,3 +208,59 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         check_tool_parser_name(self.tool_parser)
+
+
+@dataclass(frozen=True)
+class DistributedConfig:
+    """One model split over several processes (tensor parallelism on ``mx.distributed``).
+
+    Attributes:
+        tensor_parallel: split the model over N ranks; without --distributed, mlxserve
+            starts the N-1 other ranks on this machine itself (ring backend over
+            127.0.0.1). 1: one process.
+        pipeline_parallel: split the model by layers over N ranks instead (each rank
+            keeps a run of whole layers; for models with mlx-lm's pipeline(), e.g.
+            deepseek_v3, qwen3_5, qwen3_next, ministral3); started like --tensor-parallel.
+        distributed: this process is one rank of a group started by mlx.launch (which
+            sets MLX_RANK and MLX_HOSTFILE); every rank runs the same command, rank 0
+            serves HTTP and the others run its forwards.
+        distributed_backend: the mx.distributed backend (ring: TCP; jaccl: Thunderbolt
+            RDMA; mpi: Open MPI).
+        distributed_timeout: seconds each rank waits for the whole group to form before it
+            exits with an error.
+        distributed_host: the address the other ranks reach rank 0's control channel at
+            (default: rank 0's host in the ring hostfile, else JACCL's coordinator, else
+            127.0.0.1).
+    """
+
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
+    distributed: bool = False
+    distributed_backend: Literal["ring", "jaccl", "mpi", "any"] = "ring"
+    distributed_timeout: float = 60.0
+    distributed_host: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel < 1 or self.pipeline_parallel < 1:
+            raise ValueError("tensor_parallel and pipeline_parallel must be >= 1")
+        if self.tensor_parallel > 1 and self.pipeline_parallel > 1:
+            raise ValueError("choose --tensor-parallel or --pipeline-parallel, not both")
+        if self.distributed_timeout <= 0:
+            raise ValueError("distributed_timeout must be positive")
+        if self.ranks > 1 and not self.distributed and self.distributed_backend != "ring":
+            raise ValueError("local ranks (--tensor-parallel without --distributed) use ring")
+
+    @property
+    def ranks(self) -> int:
+        """The group size asked for (1: whatever mlx.launch started)."""
+        return max(self.tensor_parallel, self.pipeline_parallel)
+
+    @property
+    def split(self) -> str:
+        """How the model is split: "pipeline" or "tensor"."""
+        return "pipeline" if self.pipeline_parallel > 1 else "tensor"
+
+    @property
+    def enabled(self) -> bool:
+        """Whether this process is one rank of a group."""
+        return self.distributed or self.ranks > 1

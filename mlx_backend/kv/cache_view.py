@@ -156,11 +156,15 @@ class PoolKVCacheView:
     With ``ragged`` set, mlx-lm's attention call for this layer may be served from the
     pools in place (``mlx_backend/attention/``); the gather ``update_and_fetch`` returned
     is then never evaluated (MLX is lazy).
+
+    ``keys`` is this step's new keys (never the pool): mlx-lm's ``pipeline()`` models tie
+    their send to the next rank to the last cache's ``keys`` (``mx.depends``).
     """
 
     def __init__(
         self, pool: KVPool, spec: CacheSpec, ctx: BatchContext, ragged: bool = False
     ) -> None:
+        self.keys: mx.array | None = None
         self._pool = pool
         self._index = spec.pool_index
         self._space = "full" if spec.kind == "full" else "sliding"
@@ -176,6 +180,7 @@ class PoolKVCacheView:
     def _write(self, keys: mx.array, values: mx.array) -> FlatRows:
         """Scatter this step's K/V; returns the rows to read."""
         B, H, L, _ = keys.shape
+        self.keys = keys
         index = self._ctx.spaces[self._space]
         flat_k = keys.transpose(1, 0, 2, 3).reshape(H, B * L, keys.shape[-1])
         flat_v = values.transpose(1, 0, 2, 3).reshape(H, B * L, values.shape[-1])

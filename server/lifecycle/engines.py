@@ -1,8 +1,11 @@
 """The composition root of an engine: an MLX executor for a loaded model, handed to the
 numpy-only engine (``scheduler/engine.py``), or for an encoder model to the encoder engine
-(``scheduler/encoder_engine.py``)."""
+(``scheduler/encoder_engine.py``). In a tensor- or pipeline-parallel group, the model is split first
+and rank 0's executor drives the other ranks (``mlx_backend/distributed/``)."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from mlxserve.mlx_backend.encoder_executor import MLXEncoderExecutor
 from mlxserve.mlx_backend.executor import MLXExecutor
@@ -11,17 +14,40 @@ from mlxserve.scheduler.config import EngineConfig
 from mlxserve.scheduler.encoder_engine import EncoderEngine
 from mlxserve.scheduler.engine import Engine
 
+if TYPE_CHECKING:
+    from mlxserve.mlx_backend.distributed.group import Group
 
-def build_engine(loaded: LoadedModel, config: EngineConfig) -> Engine | EncoderEngine:
-    """An engine (not started) serving ``loaded`` with ``config``'s sizes."""
+
+def build_engine(
+    loaded: LoadedModel, config: EngineConfig, group: Group | None = None
+) -> Engine | EncoderEngine:
+    """An engine (not started) serving ``loaded`` with ``config``'s sizes; with ``group``
+    (rank 0 of a tensor-parallel group) over this rank's shard, in lock step with the
+    other ranks.
+
+    Raises:
+        ValueError: ``group`` is given for a model that cannot be sharded over it.
+    """
     if loaded.kind == "encoder":
+        if group is not None:
+            raise ValueError("encoder models are not served tensor-parallel")
         executor = MLXEncoderExecutor(loaded.model, loaded.pooling or "model")
         return EncoderEngine(executor, config, context_length=loaded.context_length)
     tokenizer = loaded.tokenizer
-    return Engine(
-        MLXExecutor(loaded.model, seed=config.seed),
+    executor = MLXExecutor(loaded.model, seed=config.seed)
+    if group is not None:
+        from mlxserve.mlx_backend.distributed.executor import DistributedExecutor
+        from mlxserve.mlx_backend.distributed.sharding import split_model
+
+        collectives = split_model(loaded.model, group.group, group.split)
+        executor = DistributedExecutor(executor, group, collectives, group.all_sum_seconds)
+    engine = Engine(
+        executor,
         config,
         context_length=loaded.context_length,
         eos_token_ids=getattr(tokenizer, "eos_token_ids", None) or (),
         tokenizer=tokenizer,
     )
+    if group is not None:
+        executor.on_lost = engine.fail
+    return engine

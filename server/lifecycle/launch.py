@@ -7,13 +7,14 @@ thread (tests, benchmarks, notebooks).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -40,6 +41,9 @@ from mlxserve.server.lifecycle.shutdown import ABORT_FLUSH_S, GracefulServer
 from mlxserve.server.lifecycle.state import ServerState
 from mlxserve.server.models.declarations import ModelDeclaration
 
+if TYPE_CHECKING:
+    from mlxserve.mlx_backend.distributed.group import Group
+
 logger = logging.getLogger(__name__)
 
 # How long uvicorn waits for connections to close once the drain is over.
@@ -51,10 +55,12 @@ def serve(
     model_config: ModelConfig,
     engine_config: EngineConfig,
     declarations: list[ModelDeclaration] | None = None,
+    group: Group | None = None,
 ) -> None:
     """Bind ``config.host:port``, load ``model_config.model`` behind it, serve until a
     signal. With ``declarations`` (several models), serve them instead, loaded on demand
-    (``serve_models``).
+    (``serve_models``). With ``group`` (rank 0 of a tensor-parallel group) the model is
+    sharded over the group and its forwards run on every rank.
 
     Raises:
         mlxserve.mlx_backend.loading.loader.ModelLoadError: the model cannot be loaded.
@@ -65,6 +71,8 @@ def serve(
         names = (model_config.served_model_name,) if model_config.served_model_name else ()
         source = model_config.model
         declarations = [ModelDeclaration(source, names, keep_quantized=model_config.keep_quantized)]
+    if declarations and group is not None:
+        raise RuntimeError("tensor parallelism serves one model (one --model)")
     if declarations:
         from mlxserve.server.lifecycle.multi_model import serve_models
 
@@ -92,6 +100,11 @@ def serve(
 
     def on_ready(loaded: LoadedModel, engine: EngineClient) -> None:
         state.attach(loaded, engine)
+        if group is not None:
+            from mlxserve.server.lifecycle.group_metrics import GroupCollector
+
+            stats = engine.executor  # the DistributedExecutor of build_engine
+            state.metrics.registry.register(GroupCollector(lambda: stats.stats))
         model = state.models.default()
         logger.info(
             "ready: serving %s (context %d tokens) at http://%s:%d/v1",
@@ -111,6 +124,7 @@ def serve(
         on_ready,
         on_failed,
         convert=keep_quantized_note if model_config.keep_quantized else convert_for_backend,
+        build=functools.partial(build_engine, group=group),
     ).start()
     try:
         server.run()

@@ -164,6 +164,8 @@ class BackgroundLoader:
         on_failed: called on the loading thread with the error when any stage failed.
         convert: the conversion stage (None: skipped).
         warmup: run the warm-up request.
+        build: makes the engine (``build_engine``; a tensor-parallel rank 0 binds its
+            group into it).
     """
 
     def __init__(
@@ -175,7 +177,9 @@ class BackgroundLoader:
         on_failed: Callable[[BaseException], None] | None = None,
         convert: Callable[[LoadedModel], str | None] | None = convert_for_backend,
         warmup: bool = True,
+        build: Callable[[LoadedModel, EngineConfig], Engine] = build_engine,
     ) -> None:
+        self._build = build
         self._load = load
         self._engine_config = engine_config
         self._progress = progress
@@ -204,6 +208,7 @@ class BackgroundLoader:
                 self._progress,
                 self._convert,
                 self._warmup,
+                build=self._build,
             )
             self._on_ready(loaded, self.engine)
             self._progress.finish()
@@ -222,6 +227,7 @@ def load_stages(
     convert: Callable[[LoadedModel], str | None] | None = convert_for_backend,
     warmup: bool = True,
     embed: bool = False,
+    build: Callable[[LoadedModel, EngineConfig], Engine] = build_engine,
 ) -> tuple[LoadedModel, Engine]:
     """Load a model and start its engine, stage by stage (weights, conversion, engine,
     warm-up), reporting each to ``progress``.
@@ -234,6 +240,7 @@ def load_stages(
         convert: the conversion stage (None: skipped).
         warmup: run the warm-up request.
         embed: the model serves embeddings (its warm-up is an embedding request).
+        build: makes the engine from the model and its sizes.
 
     Raises:
         Exception: a stage failed (an engine already started is shut down).
@@ -246,7 +253,7 @@ def load_stages(
         progress.begin("conversion")
         note = convert(loaded)
     progress.begin("engine")
-    engine = build_engine(loaded, engine_config_for(weight_bytes(loaded.model)))
+    engine = build(loaded, engine_config_for(weight_bytes(loaded.model)))
     engine.start()
     try:
         if warmup:
