@@ -123,7 +123,9 @@ class TestTwoRanksEqualOneProcess:
 
     def test_each_rank_holds_half_the_kv(self, two_ranks, one_process):
         # Tensor parallel: half the KV heads of every layer; pipeline: half the layers.
-        pools = re.findall(r"KV pools: \d+ full-attention slots \(([\d.]+) MiB\)", two_ranks.log())
+        pools = re.findall(
+            r"KV pools \(float\): \d+ full-attention slots \(([\d.]+) MiB\)", two_ranks.log()
+        )
         assert len(pools) == 2, f"expected one pool line per rank: {pools}"
         one = one_process.engine.executor.kv.arrays()
         one_bytes = sum(a.nbytes for a in one)
