@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from mlxserve.scheduler.constraints import Constraint, GrammarSpec
+from mlxserve.scheduler.multimodal import MultimodalPrompt
 from mlxserve.scheduler.outputs import FinishReason, RequestOutput
 from mlxserve.scheduler.sampling_params import SamplingParams
 from mlxserve.scheduler.stats import EngineStats, StatsObserver
@@ -50,6 +51,7 @@ class EngineClient(Protocol):
         constraint: Constraint | None = None,
         cache_namespace: str = "",
         embed: bool = False,
+        images: MultimodalPrompt | None = None,
     ) -> None:
         """Queue a request; ``on_output`` gets its events on the engine thread. It reuses
         only prefixes cached by requests of the same ``cache_namespace``. With ``embed``

@@ -1,0 +1,91 @@
+"""What differs between vision-language families: how an image becomes placeholder
+tokens, how the vision tower is called, and how the prompt's positions are computed.
+
+Each family runs mlx-vlm's own modules (vision tower, projector, ``get_rope_index``)
+unmodified; only the plumbing around them lives here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+
+@dataclass
+class EncodedImage:
+    """One image through the vision tower: a feature row per placeholder token."""
+
+    features: np.ndarray  # float32 [tokens, hidden]
+    grid: tuple[int, ...]  # the family's layout of the image (Qwen-VL: t, h, w patches)
+
+
+class VisionFamily(Protocol):
+    """A vision-language family's image path."""
+
+    image_token_id: int
+    explicit_positions: bool
+
+    def encode(self, image: Any) -> EncodedImage:
+        """A PIL RGB image -> its placeholder features (runs the vision tower)."""
+        ...
+
+    def positions(
+        self, prompt_ids: list[int], images: list[EncodedImage]
+    ) -> tuple[np.ndarray | None, int]:
+        """The prompt's explicit ``[3, P]`` positions and position delta (None, 0: the
+        token index)."""
+        ...
+
+
+class QwenVLFamily:
+    """qwen2_vl and qwen2_5_vl: dynamic resolution (one placeholder per 2x2 merged
+    patch), M-RoPE positions from ``get_rope_index``."""
+
+    explicit_positions = True
+
+    def __init__(self, vlm: nn.Module, image_processor: Any) -> None:
+        self.vlm = vlm
+        self.processor = image_processor
+        self.image_token_id = int(vlm.config.image_token_id)
+        self.merge = int(vlm.config.vision_config.spatial_merge_size)
+
+    def encode(self, image: Any) -> EncodedImage:
+        inputs = self.processor(images=[image], return_tensors="np")
+        grid = np.asarray(inputs["image_grid_thw"], np.int32)
+        tower = self.vlm.vision_tower
+        pixels = mx.array(inputs["pixel_values"]).astype(tower.patch_embed.proj.weight.dtype)
+        features = tower(pixels, mx.array(grid), output_hidden_states=False)
+        t, h, w = (int(v) for v in grid[0])
+        assert features.shape[0] == t * h * w // self.merge**2, features.shape
+        return EncodedImage(np.array(features.astype(mx.float32)), (t, h, w))
+
+    def positions(
+        self, prompt_ids: list[int], images: list[EncodedImage]
+    ) -> tuple[np.ndarray | None, int]:
+        grids = mx.array([img.grid for img in images], dtype=mx.int32) if images else None
+        ids = mx.array([prompt_ids], dtype=mx.int32)
+        position_ids, delta = self.vlm.language_model.get_rope_index(ids, grids)
+        if position_ids.ndim == 2:  # no image: plain positions
+            return None, 0
+        return np.array(position_ids[:, 0, :]).astype(np.int32), int(np.array(delta).ravel()[0])
+
+
+# model_type -> family class (the families whose batched output is checked against
+# mlx-vlm's own generation in tests/test_vision_engine.py).
+FAMILIES: dict[str, type] = {"qwen2_vl": QwenVLFamily, "qwen2_5_vl": QwenVLFamily}
+
+
+def family_of(model_type: str, vlm: nn.Module, image_processor: Any) -> VisionFamily:
+    """The family of ``model_type``.
+
+    Raises:
+        NotImplementedError: a model type mlxserve does not run images for.
+    """
+    cls = FAMILIES.get(model_type)
+    if cls is None:
+        raise NotImplementedError(f"image inputs for {model_type!r} models are not supported")
+    return cls(vlm, image_processor)

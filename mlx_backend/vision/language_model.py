@@ -1,0 +1,89 @@
+"""An mlx-vlm model's language model, shaped as the executor runs mlx-lm models.
+
+mlx-vlm's ``LanguageModel`` returns ``LanguageModelOutput(logits=...)`` and the Qwen-VL
+families keep M-RoPE state on the module (``_rope_deltas``, ``_position_ids``), which is
+right for one sequence and wrong for every other row of a batch. So the executor does not
+call it: it calls the inner text model (``language_model.model``, unmodified) with
+explicit ``inputs_embeds`` and ``position_ids`` and applies the head itself, the split
+``mlxserve.mlx_backend.logits`` already verifies for mlx-lm models.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+
+class _Held:
+    """A reference ``nn.Module`` does not register (no second copy in its parameters)."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+class VisionLanguageModel(nn.Module):
+    """``model(inputs, cache=..., inputs_embeds=..., position_ids=...) -> logits``.
+
+    Attributes:
+        model: the text model (``language_model.model``): ``embed_tokens``, ``layers``.
+        lm_head: the untied head, when the model has one.
+        explicit_positions: the text model takes ``position_ids [3, B, L]`` (M-RoPE) and
+            every forward over pool caches must pass them (their offsets are per-row
+            arrays the model's own position fallback cannot use).
+    """
+
+    def __init__(self, vlm: nn.Module, explicit_positions: bool) -> None:
+        super().__init__()
+        language = vlm.language_model
+        self.model = language.model
+        if "lm_head" in language:
+            self.lm_head = language.lm_head
+        self._language = _Held(language)
+        self.explicit_positions = explicit_positions
+
+    @property
+    def layers(self) -> list[nn.Module]:
+        return self.model.layers
+
+    def make_cache(self) -> list[Any]:
+        language = self._language.value
+        if hasattr(language, "make_cache"):
+            return language.make_cache()
+        from mlx_lm.models.cache import KVCache
+
+        return [KVCache() for _ in self.model.layers]
+
+    def embed(self, input_ids: mx.array) -> mx.array:
+        """The token embeddings the text model starts from."""
+        return self.model.embed_tokens(input_ids)
+
+    def head(self, hidden: mx.array) -> mx.array:
+        if "lm_head" in self:
+            return self.lm_head(hidden)
+        return self.model.embed_tokens.as_linear(hidden)
+
+    def __call__(
+        self,
+        inputs: mx.array,
+        cache: list | None = None,
+        inputs_embeds: mx.array | None = None,
+        position_ids: mx.array | None = None,
+    ) -> mx.array:
+        if position_ids is None and self.explicit_positions:
+            position_ids = default_positions(inputs, cache)
+        hidden = self.model(
+            inputs, inputs_embeds=inputs_embeds, cache=cache, position_ids=position_ids
+        )
+        return self.head(hidden)
+
+
+def default_positions(inputs: mx.array, cache: list | None) -> mx.array:
+    """``[3, B, L]`` positions ``offset + 0..L-1`` of a single-offset (probe) forward."""
+    B, L = inputs.shape
+    offset = 0
+    if cache and cache[0] is not None:
+        offset = int(cache[0].offset)
+    index = mx.arange(offset, offset + L, dtype=mx.int32)
+    return mx.broadcast_to(index[None, None, :], (3, B, L))

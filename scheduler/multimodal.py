@@ -1,0 +1,109 @@
+"""Image inputs of a request, on numpy: where each image's placeholder tokens sit in the
+prompt, the vision features that replace their embeddings, and explicit positions for
+models whose rotary positions are not the token index (M-RoPE).
+
+The vision tower runs once per image before the request reaches the engine; the engine
+only slices these arrays into each prefill chunk (``chunk_images``, ``chunk_positions``)
+and hands them to the executor in the ``ForwardBatch``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# Prefix-cache keys of image placeholders: negative, so they never equal a real token id.
+_KEY_SPACE = 2**31 - 2
+
+
+@dataclass
+class ImageSpan:
+    """One image of a prompt.
+
+    Attributes:
+        start: the position of its first placeholder token.
+        length: how many placeholder tokens it has (one per feature row).
+        features: float32 ``[length, hidden]``: the embedding of each placeholder position.
+            Held for the request's whole life: a preempted request recomputes its prompt
+            (what the prefix cache no longer holds of it), images included.
+        digest: the image content's hash (hex): its prefix-cache key and vision-cache key.
+    """
+
+    start: int
+    length: int
+    features: np.ndarray
+    digest: str
+
+    @property
+    def end(self) -> int:
+        return self.start + self.length
+
+    @property
+    def cache_key(self) -> int:
+        """The id standing in for this image's placeholders in prefix-cache keys."""
+        return -1 - int(self.digest[:15], 16) % _KEY_SPACE
+
+
+@dataclass
+class MultimodalPrompt:
+    """The images of one prompt, in prompt order, and the model's positions for it.
+
+    Attributes:
+        spans: the images, non-overlapping, ascending by ``start``.
+        positions: int32 ``[3, prompt_len]`` M-RoPE positions of the prompt (None: the
+            model's positions are the token index).
+        position_delta: what a position after the prompt adds to its index (M-RoPE's
+            ``rope_delta``: an image of ``h x w`` placeholders advances the position by
+            ``max(h, w)``, not ``h * w``).
+    """
+
+    spans: list[ImageSpan]
+    positions: np.ndarray | None = None
+    position_delta: int = 0
+
+    def cache_ids(self, ids: np.ndarray) -> np.ndarray:
+        """``ids`` with every image placeholder replaced by its image's cache key, so a
+        prefix match covers an image only when the image's content is the same."""
+        keyed = ids.copy()
+        for span in self.spans:
+            keyed[span.start : min(span.end, len(keyed))] = span.cache_key
+        return keyed
+
+    def positions_of(self, start: int, n: int) -> np.ndarray:
+        """int32 ``[3, n]``: the positions of sequence positions ``start..start+n-1``."""
+        index = np.arange(start, start + n, dtype=np.int64)
+        out = np.broadcast_to(index + self.position_delta, (3, n)).astype(np.int32)
+        if self.positions is not None:
+            inside = index < self.positions.shape[1]
+            out[:, inside] = self.positions[:, index[inside]]
+        return out
+
+
+def multimodal_prompt(prepared) -> MultimodalPrompt:  # noqa: ANN001 - any PreparedPrompt shape
+    """The engine's view of a vision encoder's prepared prompt (``images`` with ``start``,
+    ``length``, ``features``, ``digest``; ``positions``; ``position_delta``)."""
+    spans = [ImageSpan(i.start, i.length, i.features, i.digest) for i in prepared.images]
+    return MultimodalPrompt(spans, prepared.positions, prepared.position_delta)
+
+
+@dataclass(frozen=True)
+class ChunkImages:
+    """The image positions of one prefill chunk of one row: columns and their features."""
+
+    columns: np.ndarray  # int32 [K], positions in the chunk (0..n-1)
+    features: np.ndarray  # float32 [K, hidden]
+
+
+def chunk_images(mm: MultimodalPrompt, start: int, n: int) -> ChunkImages | None:
+    """The image placeholders among positions ``start..start+n-1``, or None."""
+    columns, features = [], []
+    for span in mm.spans:
+        lo, hi = max(span.start, start), min(span.end, start + n)
+        if lo >= hi:
+            continue
+        columns.append(np.arange(lo - start, hi - start, dtype=np.int32))
+        features.append(span.features[lo - span.start : hi - span.start])
+    if not columns:
+        return None
+    return ChunkImages(np.concatenate(columns), np.concatenate(features))

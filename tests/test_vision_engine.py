@@ -1,0 +1,96 @@
+"""Image inputs through the engine: tiny random mlx-vlm models, batched with text rows,
+checked token for token against mlx-vlm's own single-request generation."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from mlxserve.mlx_backend.loading.loader import load_model
+from mlxserve.mlx_backend.vision.encoder import ImageInput
+from mlxserve.scheduler.multimodal import multimodal_prompt
+from mlxserve.scheduler.sampling_params import SamplingParams
+from tests.conftest import Collector
+from tests.tiny_vision import (
+    IMAGE_TOKEN_ID,
+    VISION_END_ID,
+    VISION_START_ID,
+    build_tiny_vlm_dir,
+    digest,
+    random_png,
+    vlm_reference,
+)
+
+MAX_TOKENS = 6
+
+
+def _image(data: bytes) -> ImageInput:
+    from PIL import Image
+
+    return ImageInput(Image.open(io.BytesIO(data)).convert("RGB"), digest(data))
+
+
+def _prompt(text: str, images: int) -> list[int]:
+    """``user: [image]...text\\nassistant: `` with one placeholder per image."""
+    ids = list(b"user: ")
+    for _ in range(images):
+        ids += [VISION_START_ID, IMAGE_TOKEN_ID, VISION_END_ID]
+    return ids + list(text.encode()) + list(b"\nassistant: ")
+
+
+@pytest.fixture(scope="module", params=["qwen2_vl"])
+def vlm_dir(request, tmp_path_factory):
+    return build_tiny_vlm_dir(request.param, tmp_path_factory.mktemp(request.param))
+
+
+@pytest.fixture(scope="module")
+def vlm(vlm_dir):
+    loaded = load_model(str(vlm_dir))
+    yield loaded
+    loaded.vision.close()
+
+
+def _submit(engine, collector, rid, ids, mm=None):
+    engine.add_request(
+        rid,
+        ids,
+        SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS),
+        collector.callback(rid),
+        images=mm,
+    )
+
+
+class TestLoading:
+    def test_vision_dir_loads_with_an_encoder(self, vlm):
+        assert vlm.vision is not None, "a vision model directory loaded without its encoder"
+        assert vlm.kind == "decoder", vlm.kind
+
+
+class TestBatchedImagesMatchMlxVlm:
+    """Image and text-only requests in one batch, prefilled in chunks that end inside an
+    image, give mlx-vlm's own tokens for each request alone."""
+
+    def test_mixed_batch(self, vlm, vlm_dir, make_engine):
+        images = [random_png(1), random_png(2, width=50, height=100)]
+        cases = {
+            "img-a": (_prompt("what is this?", 1), [images[0]]),
+            "text": (_prompt("hello there, how are you", 0), []),
+            "img-two": (_prompt("compare", 2), images),
+        }
+        prepared = {}
+        for rid, (ids, imgs) in cases.items():
+            if imgs:
+                ready = vlm.vision.prepare(ids, [_image(b) for b in imgs])
+                prepared[rid] = (ready.ids, multimodal_prompt(ready))
+            else:
+                prepared[rid] = (ids, None)
+        engine = make_engine(vlm, max_total_tokens=1024, max_prefill_tokens=7)
+        collector = Collector()
+        for rid, (ids, mm) in prepared.items():
+            _submit(engine, collector, rid, ids, mm)
+        for rid, (ids, _) in prepared.items():
+            collector.wait(rid, timeout=120)
+            want = vlm_reference(vlm_dir, ids, cases[rid][1], MAX_TOKENS)
+            assert collector.tokens[rid] == want, f"{rid}: {collector.tokens[rid]} != {want}"
+        assert engine.executor is not None

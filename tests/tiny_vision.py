@@ -1,0 +1,198 @@
+"""Tiny random-weight vision-language models, saved as loadable mlx-vlm directories.
+
+Built from mlx-vlm's own config classes and ``Model`` (the module of the model type),
+with the byte-level BPE tokenizer of ``tiny_models`` plus the family's image tokens, a
+chat template that writes an image part as the family's placeholder text, and a
+``preprocessor_config.json`` whose pixel bounds keep an image to a handful of
+placeholder tokens. ``vlm_reference`` is mlx-vlm's own single-request greedy generation:
+the oracle of the vision tests.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+from mlx.utils import tree_flatten
+
+from tests.tiny_model_configs import EOS_TOKEN, EOS_TOKEN_ID, VOCAB_SIZE
+from tests.tiny_models import _byte_level_tokenizer_json
+
+# Image tokens follow the byte-level vocabulary.
+VISION_START_ID = VOCAB_SIZE
+IMAGE_TOKEN_ID = VOCAB_SIZE + 1
+VISION_END_ID = VOCAB_SIZE + 2
+VIDEO_TOKEN_ID = VOCAB_SIZE + 3
+_SPECIALS = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]
+
+_QWEN_TEXT = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-6,
+    "vocab_size": VOCAB_SIZE + 8,
+    "max_position_embeddings": 1024,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
+    "vision_start_token_id": VISION_START_ID,
+    "image_token_id": IMAGE_TOKEN_ID,
+    "vision_end_token_id": VISION_END_ID,
+    "video_token_id": VIDEO_TOKEN_ID,
+    "eos_token_id": EOS_TOKEN_ID,
+}
+
+CONFIGS: dict[str, dict[str, Any]] = {
+    "qwen2_vl": {
+        "model_type": "qwen2_vl",
+        **_QWEN_TEXT,
+        "vision_config": {
+            "model_type": "qwen2_vl",
+            "depth": 1,
+            "embed_dim": 32,
+            "hidden_size": 64,
+            "num_heads": 2,
+            "patch_size": 14,
+            "spatial_patch_size": 14,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "mlp_ratio": 2,
+            "in_channels": 3,
+        },
+    },
+}
+
+# 28x28-pixel merged patches: an image becomes between 4 and 16 placeholder tokens.
+_QWEN_PROCESSOR = {
+    "image_processor_type": "Qwen2VLImageProcessor",
+    "min_pixels": 28 * 28 * 4,
+    "max_pixels": 28 * 28 * 16,
+    "patch_size": 14,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+}
+
+_CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {% if m['content'] is string %}"
+    "{{ m['content'] }}{% else %}{% for p in m['content'] %}{% if p['type'] == 'image' %}"
+    "<|vision_start|><|image_pad|><|vision_end|>{% else %}{{ p['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}\n{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}"
+)
+
+
+def _model_module(model_type: str):
+    return importlib.import_module(f"mlx_vlm.models.{model_type}")
+
+
+def build_tiny_vlm(model_type: str, seed: int = 0):
+    """The random mlx-vlm model of ``model_type`` in memory, and its config dict."""
+    from mlx_vlm.utils import update_module_configs
+
+    config = copy.deepcopy(CONFIGS[model_type])
+    module = _model_module(model_type)
+    build = copy.deepcopy(config)
+    build.setdefault("text_config", {})
+    model_config = module.ModelConfig.from_dict(build)
+    model_config = update_module_configs(model_config, module, build, ["text", "vision"])
+    mx.random.seed(seed)
+    model = module.Model(model_config)
+    weights = []
+    for name, w in tree_flatten(model.parameters()):
+        if w.ndim >= 2:
+            fan_in = int(np.prod(w.shape[1:]))
+            std = 1.0 if "embed_tokens" in name else fan_in**-0.5
+            w = mx.random.normal(w.shape) * std
+        weights.append((name, w))
+    model.load_weights(weights)
+    model.eval()
+    mx.eval(model.parameters())
+    return model, config
+
+
+def build_tiny_vlm_dir(model_type: str, path: Path, seed: int = 0) -> Path:
+    """Write a loadable mlx-vlm directory for ``model_type`` at ``path``."""
+    from tokenizers import Tokenizer
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model, config = build_tiny_vlm(model_type, seed)
+    mx.save_safetensors(
+        str(path / "model.safetensors"),
+        dict(tree_flatten(model.parameters())),
+        metadata={"format": "mlx"},
+    )
+    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    tokenizer = Tokenizer.from_str(_byte_level_tokenizer_json())
+    tokenizer.add_special_tokens(_SPECIALS)
+    assert tokenizer.token_to_id(_SPECIALS[1]) == IMAGE_TOKEN_ID
+    (path / "tokenizer.json").write_text(tokenizer.to_str())
+    tokenizer_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": EOS_TOKEN,
+        "pad_token": EOS_TOKEN,
+        "model_max_length": 4096,
+        "chat_template": _CHAT_TEMPLATE,
+    }
+    (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
+    (path / "preprocessor_config.json").write_text(json.dumps(_QWEN_PROCESSOR, indent=2))
+    return path
+
+
+def random_png(seed: int, width: int = 90, height: int = 60) -> bytes:
+    """A PNG of random pixels (different seeds: different images)."""
+    from PIL import Image
+
+    pixels = (np.random.RandomState(seed).rand(height, width, 3) * 255).astype(np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def vlm_reference(
+    model_dir: Path, prompt_ids: list[int], images: list[bytes], max_tokens: int
+) -> list[int]:
+    """mlx-vlm's own greedy generation of one request: the image processor's pixels, the
+    whole mlx-vlm model (vision tower, merge, M-RoPE), ``generate_step``.
+
+    ``prompt_ids`` hold each image's placeholder already expanded (the count comes from
+    the processor, as mlx-vlm's processor expands it).
+    """
+    from mlx_vlm.generate.ar import generate_step
+    from mlx_vlm.utils import load_model
+    from PIL import Image
+    from transformers import AutoImageProcessor
+
+    model = load_model(Path(model_dir))
+    kwargs: dict[str, Any] = {}
+    pixels = None
+    if images:
+        processor = AutoImageProcessor.from_pretrained(str(model_dir))
+        pil = [Image.open(io.BytesIO(b)).convert("RGB") for b in images]
+        inputs = processor(images=pil, return_tensors="np")
+        pixels = mx.array(inputs["pixel_values"])
+        kwargs["image_grid_thw"] = mx.array(inputs["image_grid_thw"])
+    steps = generate_step(
+        mx.array([prompt_ids]),
+        model,
+        pixels,
+        None,
+        max_tokens=max_tokens,
+        temperature=0.0,
+        **kwargs,
+    )
+    return [int(token) for token, _ in steps]
