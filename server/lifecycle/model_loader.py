@@ -186,6 +186,8 @@ class EngineModelLoader:
         self.metrics.remove_model(model.name)
         self.metrics.model_unloaded(model.name)
         model.engine.shutdown()
+        if model.vision is not None:
+            model.vision.close()
         key = self._keys.pop(model, None)
         if key is not None:
             self.shared.release(key)
@@ -231,6 +233,7 @@ def model_info(loaded: LoadedModel, declaration: ModelDeclaration) -> ModelInfo:
         task=declaration.task,
         embedding_dims=dims,
         matryoshka_dims=matryoshka,
+        vision=loaded.vision,
     )
 
 

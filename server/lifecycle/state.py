@@ -100,6 +100,7 @@ class ServerState:
             loaded.tokenizer,
             loaded.context_length,
             int(loaded.config.get("vocab_size") or 0),
+            vision=loaded.vision,
         )
         model = ServedModel(info, engine, self.model_config)
         engine.observer = self.metrics.add_model(model.name, model.context_length, engine.stats)

