@@ -19,7 +19,7 @@ from mlxserve.server.config import ServerConfig
 from mlxserve.server.lifecycle.launch import BackgroundServer
 from mlxserve.server.models.declarations import ModelDeclaration
 from mlxserve.server.serving.conversation import render_chat
-from tests.ops_helpers import scrape
+from tests.ops_helpers import metric, scrape
 from tests.test_multi_model import serve
 from tests.test_vision_engine import _image
 from tests.tiny_models import build_tiny_model_dir
@@ -38,6 +38,15 @@ CONFIG = ServerConfig(
 
 def data_url(png: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(png).decode()
+
+
+def flat_png(width: int, height: int) -> bytes:
+    """A one-colour PNG: few bytes, many pixels."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), (200, 30, 30)).save(buffer, format="PNG")
+    return buffer.getvalue()
 
 
 def image_message(png: bytes | str, text: str = "what is this?") -> list[dict]:
@@ -82,7 +91,9 @@ def expected(dirs: dict[str, Path]):  # noqa: ANN201
     tokenizer = loaded.tokenizer
 
     def answer(png: bytes, text: str = "what is this?") -> tuple[str, int, int]:
-        conversation = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
+        conversation = [
+            {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}
+        ]
         _, ids = render_chat(tokenizer, conversation)
         prepared = loaded.vision.prepare(ids, [_image(png)])
         tokens = vlm_reference(dirs["vlm"], prepared.ids, [png], MAX_TOKENS)
@@ -106,9 +117,7 @@ class TestOpenAIChatImages:
         assert got.choices[0].message.content == text, (got.choices[0].message.content, text)
         assert got.usage.prompt_tokens == prompt_len, "the image's placeholders were not expanded"
 
-    def test_same_image_hits_the_prefix_cache_and_a_different_one_misses(
-        self, client, expected
-    ):
+    def test_same_image_hits_the_prefix_cache_and_a_different_one_misses(self, client, expected):
         first, second = random_png(21), random_png(22)
         text, _, image_at = expected(first)
         cold = chat(client, image_message(first))
@@ -123,9 +132,11 @@ class TestOpenAIChatImages:
 
     def test_vision_metrics_count_images(self, server, client):
         chat(client, image_message(random_png(31)))
-        metrics = scrape(server.url)
-        assert metrics.get("mlxserve_images_processed_total", 0) >= 1, metrics
-        assert metrics.get("mlxserve_vision_encoder_seconds_total", 0) > 0, metrics
+        samples = scrape(server.url)
+        images = metric(samples, "mlxserve:images_processed_total")
+        seconds = metric(samples, "mlxserve:vision_encoder_seconds_total")
+        assert images >= 1, f"{images} images counted"
+        assert seconds > 0, f"{seconds} vision encoder seconds"
 
 
 class TestImageErrors:
@@ -157,7 +168,7 @@ class TestImageErrors:
 
     def test_too_many_pixels(self, client):
         with pytest.raises(openai.BadRequestError) as e:
-            chat(client, image_message(random_png(1, width=200, height=100)))
+            chat(client, image_message(flat_png(200, 100)))
         assert "pixel" in str(e.value), e.value
 
     def test_too_many_bytes(self, client):

@@ -169,7 +169,9 @@ class EngineModelLoader:
         info = model_info(loaded, declaration)
         served = ServedModel(info, engine, model_config_of(declaration, name), name=name)
         self._keys[served] = key
-        engine.observer = self.metrics.add_model(name, served.context_length, engine.stats)
+        engine.observer = self.metrics.add_model(
+            name, served.context_length, engine.stats, served.vision
+        )
         self.metrics.model_loaded(name, time.monotonic() - started)
         progress.begin("ready")
         logger.info(

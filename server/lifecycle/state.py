@@ -103,7 +103,9 @@ class ServerState:
             vision=loaded.vision,
         )
         model = ServedModel(info, engine, self.model_config)
-        engine.observer = self.metrics.add_model(model.name, model.context_length, engine.stats)
+        engine.observer = self.metrics.add_model(
+            model.name, model.context_length, engine.stats, model.vision
+        )
         self.metrics_ready = True
         self.models.add(model)  # last: the gate takes a served model to mean "ready"
         self.progress.finish()
