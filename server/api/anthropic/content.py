@@ -86,7 +86,10 @@ ContentBlock = Annotated[
 _SERVED = frozenset({"text", "tool_use", "tool_result", "thinking", "redacted_thinking"})
 # Defined by Anthropic, not served (yet): named in the error.
 _UNSERVED = {
-    "image": "image blocks need a vision model, which this server does not serve yet",
+    "image": (
+        "image blocks are not supported on /v1/messages yet; send images to a vision model "
+        "as image_url parts on /v1/chat/completions"
+    ),
     "document": "document blocks are not supported",
     "search_result": "search_result blocks are not supported",
     "container_upload": "container_upload blocks need Anthropic's code execution",

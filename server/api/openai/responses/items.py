@@ -130,7 +130,8 @@ def _check_parts(value: dict[str, Any], index: int) -> None:
             field = "content" if value.get("type", "message") == "message" else "output"
             raise invalid_request(
                 f"input[{index}].{field}[{j}] is an '{kind}' part: images, files and audio "
-                "need a multimodal model, which this server does not serve yet.",
+                "are not supported on /v1/responses yet (images: image_url parts of "
+                "/v1/chat/completions).",
                 f"input[{index}].{field}[{j}]",
             )
 
