@@ -182,5 +182,91 @@ class TestImageErrors:
         assert "does not take images" in str(e.value), e.value
 
 
-def _unused() -> None:  # keeps imports honest until the Anthropic tests land
-    _ = (anthropic, io)
+@pytest.fixture(scope="module")
+def claude(server: BackgroundServer) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0, timeout=300)
+
+
+def anthropic_image(data: bytes | None = None, url: str | None = None) -> dict:
+    if url is not None:
+        return {"type": "image", "source": {"type": "url", "url": url}}
+    encoded = base64.b64encode(data).decode()
+    return {
+        "type": "image",
+        "source": {"type": "base64", "media_type": "image/png", "data": encoded},
+    }
+
+
+class TestAnthropicImageBlocks:
+    def test_answer_equals_mlx_vlm(self, claude, expected):
+        png = random_png(41)
+        text, prompt_len, _ = expected(png)
+        content = [anthropic_image(png), {"type": "text", "text": "what is this?"}]
+        got = claude.messages.create(
+            model="vlm",
+            max_tokens=MAX_TOKENS,
+            messages=[{"role": "user", "content": content}],
+            extra_body={"temperature": 0},
+        )
+        assert got.content[0].text == text, (got.content, text)
+        assert got.usage.input_tokens + (got.usage.cache_read_input_tokens or 0) == prompt_len
+
+    def test_count_tokens_counts_the_placeholders(self, claude, expected):
+        png = random_png(42)
+        _, prompt_len, _ = expected(png)
+        content = [anthropic_image(png), {"type": "text", "text": "what is this?"}]
+        count = claude.messages.count_tokens(
+            model="vlm", messages=[{"role": "user", "content": content}]
+        )
+        assert count.input_tokens == prompt_len, (count.input_tokens, prompt_len)
+
+    @pytest.mark.parametrize(
+        "block",
+        [
+            {
+                "type": "image",
+                "source": {"type": "base64", "media_type": "image/png", "data": "%%"},
+            },
+            anthropic_image(url="http://127.0.0.1:9/cat.png"),
+        ],
+        ids=["bad-base64", "url-without-flag"],
+    )
+    def test_bad_image_is_400_in_anthropic_shape(self, claude, block):
+        with pytest.raises(anthropic.BadRequestError) as e:
+            claude.messages.create(
+                model="vlm",
+                max_tokens=MAX_TOKENS,
+                messages=[{"role": "user", "content": [block, {"type": "text", "text": "hi"}]}],
+            )
+        assert e.value.body["type"] == "error", e.value.body
+        assert e.value.body["error"]["type"] == "invalid_request_error", e.value.body
+
+
+class TestResponsesInputImage:
+    def test_answer_equals_mlx_vlm(self, client, expected):
+        png = random_png(51)
+        text, prompt_len, _ = expected(png)
+        got = client.responses.create(
+            model="vlm",
+            max_output_tokens=MAX_TOKENS,
+            temperature=0,
+            input=[
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "input_image", "image_url": data_url(png)},
+                        {"type": "input_text", "text": "what is this?"},
+                    ],
+                }
+            ],
+        )
+        assert got.output_text == text, (got.output_text, text)
+        assert got.usage.input_tokens == prompt_len, (got.usage.input_tokens, prompt_len)
+
+    def test_file_id_image_is_400(self, client):
+        with pytest.raises(openai.BadRequestError):
+            client.responses.create(
+                model="vlm",
+                max_output_tokens=MAX_TOKENS,
+                input=[{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}],
+            )
