@@ -11,11 +11,9 @@ from mlxserve.mlx_backend.loading.loader import load_model
 from mlxserve.mlx_backend.vision.encoder import ImageInput
 from mlxserve.scheduler.multimodal import multimodal_prompt
 from mlxserve.scheduler.sampling_params import SamplingParams
+from mlxserve.server.serving.conversation import render_chat
 from tests.conftest import Collector
 from tests.tiny_vision import (
-    IMAGE_TOKEN_ID,
-    VISION_END_ID,
-    VISION_START_ID,
     build_tiny_vlm_dir,
     digest,
     random_png,
@@ -31,15 +29,14 @@ def _image(data: bytes) -> ImageInput:
     return ImageInput(Image.open(io.BytesIO(data)).convert("RGB"), digest(data))
 
 
-def _prompt(text: str, images: int) -> list[int]:
-    """``user: [image]...text\\nassistant: `` with one placeholder per image."""
-    ids = list(b"user: ")
-    for _ in range(images):
-        ids += [VISION_START_ID, IMAGE_TOKEN_ID, VISION_END_ID]
-    return ids + list(text.encode()) + list(b"\nassistant: ")
+def _prompt(tokenizer, text: str, images: int) -> list[int]:  # noqa: ANN001
+    """A user turn of ``images`` images then ``text``, rendered by the model's template
+    (one placeholder per image)."""
+    content = [{"type": "image"}] * images + [{"type": "text", "text": text}]
+    return render_chat(tokenizer, [{"role": "user", "content": content}])[1]
 
 
-@pytest.fixture(scope="module", params=["qwen2_vl"])
+@pytest.fixture(scope="module", params=["qwen2_vl", "gemma3"])
 def vlm_dir(request, tmp_path_factory):
     return build_tiny_vlm_dir(request.param, tmp_path_factory.mktemp(request.param))
 
@@ -74,9 +71,9 @@ class TestBatchedImagesMatchMlxVlm:
     def test_mixed_batch(self, vlm, vlm_dir, make_engine):
         images = [random_png(1), random_png(2, width=50, height=100)]
         cases = {
-            "img-a": (_prompt("what is this?", 1), [images[0]]),
-            "text": (_prompt("hello there, how are you", 0), []),
-            "img-two": (_prompt("compare", 2), images),
+            "img-a": (_prompt(vlm.tokenizer, "what is this?", 1), [images[0]]),
+            "text": (_prompt(vlm.tokenizer, "hello there, how are you", 0), []),
+            "img-two": (_prompt(vlm.tokenizer, "compare", 2), images),
         }
         prepared = {}
         for rid, (ids, imgs) in cases.items():

@@ -22,15 +22,23 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
-from tests.tiny_model_configs import EOS_TOKEN, EOS_TOKEN_ID, VOCAB_SIZE
-from tests.tiny_models import _byte_level_tokenizer_json
+from tests.tiny_model_configs import (
+    EOS_TOKEN,
+    EOS_TOKEN_ID,
+    HEAD_GAIN,
+    TIED_EMBED_STD,
+    VOCAB_SIZE,
+)
+from tests.tiny_models import _byte_level_tokenizer_json, _random_weights
 
-# Image tokens follow the byte-level vocabulary.
+# Image tokens follow the byte-level vocabulary (the Qwen-VL ones; gemma3's take the same
+# ids with its own names).
 VISION_START_ID = VOCAB_SIZE
 IMAGE_TOKEN_ID = VOCAB_SIZE + 1
 VISION_END_ID = VOCAB_SIZE + 2
 VIDEO_TOKEN_ID = VOCAB_SIZE + 3
-_SPECIALS = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]
+_QWEN_SPECIALS = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]
+_GEMMA_SPECIALS = ["<start_of_image>", "<image_soft_token>", "<end_of_image>"]
 
 _QWEN_TEXT = {
     "hidden_size": 64,
@@ -69,6 +77,40 @@ CONFIGS: dict[str, dict[str, Any]] = {
             "in_channels": 3,
         },
     },
+    "gemma3": {
+        "model_type": "gemma3",
+        "hidden_size": 64,
+        "vocab_size": VOCAB_SIZE + 8,
+        "image_token_index": IMAGE_TOKEN_ID,
+        "boi_token_index": VISION_START_ID,
+        "eoi_token_index": VISION_END_ID,
+        "mm_tokens_per_image": 16,
+        "eos_token_id": EOS_TOKEN_ID,
+        "text_config": {
+            "model_type": "gemma3_text",
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "intermediate_size": 128,
+            "num_attention_heads": 4,
+            "head_dim": 16,
+            "num_key_value_heads": 2,
+            "vocab_size": VOCAB_SIZE + 8,
+            "sliding_window": 16,
+            "sliding_window_pattern": 2,
+            "mm_tokens_per_image": 16,
+            "query_pre_attn_scalar": 16,
+            "max_position_embeddings": 1024,
+        },
+        "vision_config": {
+            "model_type": "siglip_vision_model",
+            "num_hidden_layers": 1,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_attention_heads": 2,
+            "patch_size": 14,
+            "image_size": 56,
+        },
+    },
 }
 
 # 28x28-pixel merged patches: an image becomes between 4 and 16 placeholder tokens.
@@ -83,12 +125,30 @@ _QWEN_PROCESSOR = {
     "image_std": [0.5, 0.5, 0.5],
 }
 
-_CHAT_TEMPLATE = (
-    "{% for m in messages %}{{ m['role'] }}: {% if m['content'] is string %}"
-    "{{ m['content'] }}{% else %}{% for p in m['content'] %}{% if p['type'] == 'image' %}"
-    "<|vision_start|><|image_pad|><|vision_end|>{% else %}{{ p['text'] }}{% endif %}"
-    "{% endfor %}{% endif %}\n{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}"
-)
+# A fixed 56x56 SigLIP input: 4x4 patches pooled to 4 placeholder tokens.
+_GEMMA_PROCESSOR = {
+    "image_processor_type": "Gemma3ImageProcessor",
+    "size": {"height": 56, "width": 56},
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "do_pan_and_scan": False,
+}
+
+# model type -> (its image tokens, the processor config, what the template writes per image)
+_FAMILY_FILES = {
+    "qwen2_vl": (_QWEN_SPECIALS, _QWEN_PROCESSOR, "<|vision_start|><|image_pad|><|vision_end|>"),
+    "gemma3": (_GEMMA_SPECIALS, _GEMMA_PROCESSOR, "<start_of_image>"),
+}
+
+
+def _chat_template(image_text: str) -> str:
+    return (
+        "{% for m in messages %}{{ m['role'] }}: {% if m['content'] is string %}"
+        "{{ m['content'] }}{% else %}{% for p in m['content'] %}{% if p['type'] == 'image' %}"
+        + image_text
+        + "{% else %}{{ p['text'] }}{% endif %}{% endfor %}{% endif %}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}"
+    )
 
 
 def _model_module(model_type: str):
@@ -107,14 +167,17 @@ def build_tiny_vlm(model_type: str, seed: int = 0):
     model_config = update_module_configs(model_config, module, build, ["text", "vision"])
     mx.random.seed(seed)
     model = module.Model(model_config)
-    weights = []
-    for name, w in tree_flatten(model.parameters()):
-        if w.ndim >= 2:
-            fan_in = int(np.prod(w.shape[1:]))
-            std = 1.0 if "embed_tokens" in name else fan_in**-0.5
-            w = mx.random.normal(w.shape) * std
-        weights.append((name, w))
-    model.load_weights(weights)
+    weights = dict(_random_weights(model))
+    if model_type == "gemma3":
+        # gemma3's head is tied (its sanitize copies the embedding over lm_head): a small
+        # embedding keeps the input token from dominating (see tiny_models), and the head
+        # gain goes into the final norm.
+        embed = "language_model.model.embed_tokens.weight"
+        weights[embed] = weights[embed] * (TIED_EMBED_STD / float(weights[embed].std()))
+        del weights["language_model.lm_head.weight"]
+        weights = model.language_model.sanitize(weights)
+        weights["language_model.model.norm.weight"] = mx.full((64,), HEAD_GAIN)
+    model.load_weights(list(weights.items()))
     model.eval()
     mx.eval(model.parameters())
     return model, config
@@ -133,19 +196,20 @@ def build_tiny_vlm_dir(model_type: str, path: Path, seed: int = 0) -> Path:
         metadata={"format": "mlx"},
     )
     (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    specials, processor, image_text = _FAMILY_FILES[model_type]
     tokenizer = Tokenizer.from_str(_byte_level_tokenizer_json())
-    tokenizer.add_special_tokens(_SPECIALS)
-    assert tokenizer.token_to_id(_SPECIALS[1]) == IMAGE_TOKEN_ID
+    tokenizer.add_special_tokens(specials)
+    assert tokenizer.token_to_id(specials[1]) == IMAGE_TOKEN_ID
     (path / "tokenizer.json").write_text(tokenizer.to_str())
     tokenizer_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "eos_token": EOS_TOKEN,
         "pad_token": EOS_TOKEN,
         "model_max_length": 4096,
-        "chat_template": _CHAT_TEMPLATE,
+        "chat_template": _chat_template(image_text),
     }
     (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
-    (path / "preprocessor_config.json").write_text(json.dumps(_QWEN_PROCESSOR, indent=2))
+    (path / "preprocessor_config.json").write_text(json.dumps(processor, indent=2))
     return path
 
 
@@ -185,12 +249,15 @@ def vlm_reference(
         pil = [Image.open(io.BytesIO(b)).convert("RGB") for b in images]
         inputs = processor(images=pil, return_tensors="np")
         pixels = mx.array(inputs["pixel_values"])
-        kwargs["image_grid_thw"] = mx.array(inputs["image_grid_thw"])
+        if "image_grid_thw" in inputs:
+            kwargs["image_grid_thw"] = mx.array(inputs["image_grid_thw"])
+    ids = mx.array([prompt_ids])
+    # gemma3's get_input_embeddings needs the attention mask (all ones: no padding).
     steps = generate_step(
-        mx.array([prompt_ids]),
+        ids,
         model,
         pixels,
-        None,
+        mx.ones_like(ids),
         max_tokens=max_tokens,
         temperature=0.0,
         **kwargs,

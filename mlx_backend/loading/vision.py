@@ -56,7 +56,7 @@ def load_vision_model(path: str, model_id: str, model_type: str) -> LoadedModel:
     cast_float_parameters_to_float32(vlm)
     tokenizer = load_tokenizer(root, eos_token_ids=config.get("eos_token_id"))
     processor = AutoImageProcessor.from_pretrained(str(root))
-    family = family_of(model_type, vlm, processor)
+    family = family_of(model_type, vlm, processor, tokenizer)
     return LoadedModel(
         model=VisionLanguageModel(vlm, family.explicit_positions),
         tokenizer=tokenizer,

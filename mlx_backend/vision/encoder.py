@@ -79,10 +79,6 @@ class VisionEncoder:
         self.cache_hits = 0
         self.encoder_seconds = 0.0
 
-    @property
-    def image_token_id(self) -> int:
-        return self.family.image_token_id
-
     def submit(
         self, prompt_ids: list[int], images: list[ImageInput]
     ) -> concurrent.futures.Future[PreparedPrompt]:
@@ -90,13 +86,14 @@ class VisionEncoder:
         return self._pool.submit(self.prepare, prompt_ids, images)
 
     def prepare(self, prompt_ids: list[int], images: list[ImageInput]) -> PreparedPrompt:
-        """Expand each image's one placeholder token in ``prompt_ids`` (in order) to one
-        per feature row, and return the expanded prompt with its images.
+        """Expand each image's one placeholder token in ``prompt_ids`` (in order) as the
+        family's processor does (one token per feature row, plus the family's framing),
+        and return the expanded prompt with its images.
 
         Raises:
             PlaceholderMismatch: the prompt has not one placeholder per image.
         """
-        token = self.family.image_token_id
+        token = self.family.placeholder_id
         slots = [i for i, t in enumerate(prompt_ids) if t == token]
         if len(slots) != len(images):
             raise PlaceholderMismatch(
@@ -109,8 +106,9 @@ class VisionEncoder:
         for slot, img, enc in zip(slots, images, encoded, strict=True):
             ids.extend(prompt_ids[last:slot])
             n = enc.features.shape[0]
-            placed.append(PlacedImage(len(ids), n, enc.features, img.digest))
-            ids.extend([token] * n)
+            tokens, offset = self.family.expansion(n)
+            placed.append(PlacedImage(len(ids) + offset, n, enc.features, img.digest))
+            ids.extend(tokens)
             last = slot + 1
         ids.extend(prompt_ids[last:])
         positions, delta = self.family.positions(ids, encoded)

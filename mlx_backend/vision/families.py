@@ -24,13 +24,23 @@ class EncodedImage:
 
 
 class VisionFamily(Protocol):
-    """A vision-language family's image path."""
+    """A vision-language family's image path.
 
-    image_token_id: int
+    Attributes:
+        placeholder_id: the token the chat template writes once per image.
+        explicit_positions: the text model takes ``position_ids`` (M-RoPE).
+    """
+
+    placeholder_id: int
     explicit_positions: bool
 
     def encode(self, image: Any) -> EncodedImage:
         """A PIL RGB image -> its placeholder features (runs the vision tower)."""
+        ...
+
+    def expansion(self, n: int) -> tuple[list[int], int]:
+        """The tokens that replace one image's ``placeholder_id`` for ``n`` feature rows,
+        and where in them the ``n`` feature positions start."""
         ...
 
     def positions(
@@ -47,11 +57,14 @@ class QwenVLFamily:
 
     explicit_positions = True
 
-    def __init__(self, vlm: nn.Module, image_processor: Any) -> None:
+    def __init__(self, vlm: nn.Module, image_processor: Any, tokenizer: Any) -> None:
         self.vlm = vlm
         self.processor = image_processor
-        self.image_token_id = int(vlm.config.image_token_id)
+        self.placeholder_id = int(vlm.config.image_token_id)
         self.merge = int(vlm.config.vision_config.spatial_merge_size)
+
+    def expansion(self, n: int) -> tuple[list[int], int]:
+        return [self.placeholder_id] * n, 0
 
     def encode(self, image: Any) -> EncodedImage:
         inputs = self.processor(images=[image], return_tensors="np")
@@ -74,12 +87,54 @@ class QwenVLFamily:
         return np.array(position_ids[:, 0, :]).astype(np.int32), int(np.array(delta).ravel()[0])
 
 
+class Gemma3Family:
+    """gemma3: a fixed-size SigLIP image (``mm_tokens_per_image`` placeholders), the
+    template's ``<start_of_image>`` expanded as Gemma3's processor expands it
+    (``\\n\\n<start_of_image>`` + image tokens + ``<end_of_image>\\n\\n``), features scaled
+    by ``1/sqrt(hidden)`` (the text model scales every input embedding by ``sqrt(hidden)``),
+    ordinary positions."""
+
+    explicit_positions = False
+
+    def __init__(self, vlm: nn.Module, image_processor: Any, tokenizer: Any) -> None:
+        self.vlm = vlm
+        self.processor = image_processor
+        self.image_token_id = int(vlm.config.image_token_index)
+        self.placeholder_id = int(tokenizer.convert_tokens_to_ids("<start_of_image>"))
+        self.end_id = int(tokenizer.convert_tokens_to_ids("<end_of_image>"))
+        self.newlines = list(tokenizer.encode("\n\n", add_special_tokens=False))
+        self.scale = float(vlm.config.hidden_size) ** 0.5
+
+    def expansion(self, n: int) -> tuple[list[int], int]:
+        tokens = [*self.newlines, self.placeholder_id, *[self.image_token_id] * n]
+        return [*tokens, self.end_id, *self.newlines], len(self.newlines) + 1
+
+    def encode(self, image: Any) -> EncodedImage:
+        inputs = self.processor(images=[image], return_tensors="np")
+        pixels = mx.array(inputs["pixel_values"]).transpose(0, 2, 3, 1)
+        dtype = self.vlm.language_model.model.embed_tokens.weight.dtype
+        hidden, _, _ = self.vlm.vision_tower(pixels.astype(dtype), output_hidden_states=True)
+        features = self.vlm.multi_modal_projector(hidden)[0] / self.scale
+        return EncodedImage(np.array(features.astype(dtype).astype(mx.float32)), ())
+
+    def positions(
+        self, prompt_ids: list[int], images: list[EncodedImage]
+    ) -> tuple[np.ndarray | None, int]:
+        return None, 0
+
+
 # model_type -> family class (the families whose batched output is checked against
 # mlx-vlm's own generation in tests/test_vision_engine.py).
-FAMILIES: dict[str, type] = {"qwen2_vl": QwenVLFamily, "qwen2_5_vl": QwenVLFamily}
+FAMILIES: dict[str, type] = {
+    "qwen2_vl": QwenVLFamily,
+    "qwen2_5_vl": QwenVLFamily,
+    "gemma3": Gemma3Family,
+}
 
 
-def family_of(model_type: str, vlm: nn.Module, image_processor: Any) -> VisionFamily:
+def family_of(
+    model_type: str, vlm: nn.Module, image_processor: Any, tokenizer: Any
+) -> VisionFamily:
     """The family of ``model_type``.
 
     Raises:
@@ -88,4 +143,4 @@ def family_of(model_type: str, vlm: nn.Module, image_processor: Any) -> VisionFa
     cls = FAMILIES.get(model_type)
     if cls is None:
         raise NotImplementedError(f"image inputs for {model_type!r} models are not supported")
-    return cls(vlm, image_processor)
+    return cls(vlm, image_processor, tokenizer)

@@ -71,12 +71,22 @@ class VisionLanguageModel(nn.Module):
         inputs_embeds: mx.array | None = None,
         position_ids: mx.array | None = None,
     ) -> mx.array:
-        if position_ids is None and self.explicit_positions:
-            position_ids = default_positions(inputs, cache)
-        hidden = self.model(
-            inputs, inputs_embeds=inputs_embeds, cache=cache, position_ids=position_ids
-        )
-        return self.head(hidden)
+        return self.head(self.hidden(inputs, cache, inputs_embeds, position_ids))
+
+    def hidden(
+        self,
+        inputs: mx.array,
+        cache: list | None = None,
+        inputs_embeds: mx.array | None = None,
+        position_ids: mx.array | None = None,
+    ) -> mx.array:
+        """The text model's final hidden states (what ``head`` projects)."""
+        extra = {}
+        if self.explicit_positions:
+            extra["position_ids"] = (
+                default_positions(inputs, cache) if position_ids is None else position_ids
+            )
+        return self.model(inputs, inputs_embeds=inputs_embeds, cache=cache, **extra)
 
 
 def default_positions(inputs: mx.array, cache: list | None) -> mx.array:

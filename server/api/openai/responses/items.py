@@ -25,6 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from mlxserve.server.http.errors import invalid_request
+from mlxserve.server.serving.images import ImageSource
 
 Status = Literal["in_progress", "completed", "incomplete"]
 
@@ -148,6 +149,10 @@ def _check_parts(value: dict[str, Any], index: int) -> None:
                     f"{where}: an input_image needs an 'image_url' (file_id is not supported).",
                     where,
                 )
+            try:
+                ImageSource.of_url(part["image_url"], where)
+            except ValueError as e:
+                raise invalid_request(f"{e} (an input_image part)", where) from e
 
 
 def parse_item(value: Any, index: int) -> _Model:
