@@ -111,6 +111,34 @@ CONFIGS: dict[str, dict[str, Any]] = {
             "image_size": 56,
         },
     },
+    "llava": {
+        "model_type": "llava",
+        "image_token_index": IMAGE_TOKEN_ID,
+        "vocab_size": VOCAB_SIZE + 8,
+        "vision_feature_layer": -2,
+        "vision_feature_select_strategy": "default",
+        "eos_token_id": EOS_TOKEN_ID,
+        "text_config": {
+            "model_type": "llama",
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "intermediate_size": 128,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "vocab_size": VOCAB_SIZE + 8,
+            "max_position_embeddings": 1024,
+        },
+        "vision_config": {
+            "model_type": "clip_vision_model",
+            "num_hidden_layers": 2,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_attention_heads": 2,
+            "image_size": 56,
+            "patch_size": 14,
+            "projection_dim": 32,
+        },
+    },
 }
 
 # 28x28-pixel merged patches: an image becomes between 4 and 16 placeholder tokens.
@@ -134,10 +162,21 @@ _GEMMA_PROCESSOR = {
     "do_pan_and_scan": False,
 }
 
+# A 56x56 CLIP input (resized and center-cropped): 4x4 patches, 16 placeholder tokens.
+_LLAVA_PROCESSOR = {
+    "image_processor_type": "CLIPImageProcessor",
+    "size": {"shortest_edge": 56},
+    "crop_size": {"height": 56, "width": 56},
+    "do_center_crop": True,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+}
+
 # model type -> (its image tokens, the processor config, what the template writes per image)
 _FAMILY_FILES = {
     "qwen2_vl": (_QWEN_SPECIALS, _QWEN_PROCESSOR, "<|vision_start|><|image_pad|><|vision_end|>"),
     "gemma3": (_GEMMA_SPECIALS, _GEMMA_PROCESSOR, "<start_of_image>"),
+    "llava": (["<pad_0>", "<image>"], _LLAVA_PROCESSOR, "<image>"),
 }
 
 

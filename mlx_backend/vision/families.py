@@ -123,12 +123,48 @@ class Gemma3Family:
         return None, 0
 
 
+class LlavaFamily:
+    """llava (1.5): a fixed-size CLIP image, one placeholder per patch (the selected
+    hidden layer without its CLS row, projected), ordinary positions."""
+
+    explicit_positions = False
+
+    def __init__(self, vlm: nn.Module, image_processor: Any, tokenizer: Any) -> None:
+        self.vlm = vlm
+        self.processor = image_processor
+        self.placeholder_id = int(vlm.config.image_token_index)
+
+    def expansion(self, n: int) -> tuple[list[int], int]:
+        return [self.placeholder_id] * n, 0
+
+    def encode(self, image: Any) -> EncodedImage:
+        vlm = self.vlm
+        inputs = self.processor(images=[image], return_tensors="np")
+        pixels = mx.array(inputs["pixel_values"]).transpose(0, 2, 3, 1)
+        *_, hidden_states = vlm.vision_tower(pixels, output_hidden_states=True)
+        layer = vlm.vision_feature_layer
+        if not isinstance(layer, int):
+            raise NotImplementedError("llava with several vision feature layers")
+        selected = hidden_states[layer]
+        if vlm.vision_feature_select_strategy == "default":
+            selected = selected[:, 1:]
+        features = vlm.multi_modal_projector(selected)[0]
+        dtype = vlm.language_model.model.embed_tokens.weight.dtype
+        return EncodedImage(np.array(features.astype(dtype).astype(mx.float32)), ())
+
+    def positions(
+        self, prompt_ids: list[int], images: list[EncodedImage]
+    ) -> tuple[np.ndarray | None, int]:
+        return None, 0
+
+
 # model_type -> family class (the families whose batched output is checked against
 # mlx-vlm's own generation in tests/test_vision_engine.py).
 FAMILIES: dict[str, type] = {
     "qwen2_vl": QwenVLFamily,
     "qwen2_5_vl": QwenVLFamily,
     "gemma3": Gemma3Family,
+    "llava": LlavaFamily,
 }
 
 
