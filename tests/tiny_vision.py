@@ -77,6 +77,25 @@ CONFIGS: dict[str, dict[str, Any]] = {
             "in_channels": 3,
         },
     },
+    "qwen2_5_vl": {
+        "model_type": "qwen2_5_vl",
+        **_QWEN_TEXT,
+        "vision_config": {
+            "model_type": "qwen2_5_vl",
+            "depth": 2,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "out_hidden_size": 64,
+            "num_heads": 2,
+            "patch_size": 14,
+            "spatial_patch_size": 14,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "window_size": 56,
+            "fullatt_block_indexes": [1],
+            "in_channels": 3,
+        },
+    },
     "gemma3": {
         "model_type": "gemma3",
         "hidden_size": 64,
@@ -175,6 +194,11 @@ _LLAVA_PROCESSOR = {
 # model type -> (its image tokens, the processor config, what the template writes per image)
 _FAMILY_FILES = {
     "qwen2_vl": (_QWEN_SPECIALS, _QWEN_PROCESSOR, "<|vision_start|><|image_pad|><|vision_end|>"),
+    "qwen2_5_vl": (
+        _QWEN_SPECIALS,
+        _QWEN_PROCESSOR,
+        "<|vision_start|><|image_pad|><|vision_end|>",
+    ),
     "gemma3": (_GEMMA_SPECIALS, _GEMMA_PROCESSOR, "<start_of_image>"),
     "llava": (["<pad_0>", "<image>"], _LLAVA_PROCESSOR, "<image>"),
 }
