@@ -239,13 +239,17 @@ class MLXExecutor:
         if images is not None:
             local = np.full(batch.batch_size, -1, np.int64)
             local[rows] = np.arange(len(rows))
-            mine = local[images.rows] >= 0
-            if mine.any():
-                embeds = self.model.embed(ctx.input_ids)
-                at_rows = mx.array(local[images.rows[mine]].astype(np.int32))
-                at_cols = mx.array(images.columns[mine])
-                embeds[at_rows, at_cols] = mx.array(images.features[mine]).astype(embeds.dtype)
-                extra["inputs_embeds"] = embeds
+            mine = np.nonzero(local[images.rows] >= 0)[0]
+            if len(mine):
+                at_rows, at_cols = local[images.rows[mine]], images.columns[mine]
+                # Row-major order: deepstack models add their vectors in mask order.
+                order = np.lexsort((at_cols, at_rows))
+                extra |= self.model.image_inputs(
+                    ctx.input_ids,
+                    mx.array(at_rows[order].astype(np.int32)),
+                    mx.array(at_cols[order].astype(np.int32)),
+                    mx.array(images.features[mine[order]]),
+                )
         return extra
 
 

@@ -36,7 +36,7 @@ def _prompt(tokenizer, text: str, images: int) -> list[int]:  # noqa: ANN001
     return render_chat(tokenizer, [{"role": "user", "content": content}])[1]
 
 
-@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl", "gemma3", "llava"])
+@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3", "llava"])
 def vlm_dir(request, tmp_path_factory):
     return build_tiny_vlm_dir(request.param, tmp_path_factory.mktemp(request.param))
 

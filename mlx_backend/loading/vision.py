@@ -58,7 +58,7 @@ def load_vision_model(path: str, model_id: str, model_type: str) -> LoadedModel:
     processor = AutoImageProcessor.from_pretrained(str(root))
     family = family_of(model_type, vlm, processor, tokenizer)
     return LoadedModel(
-        model=VisionLanguageModel(vlm, family.explicit_positions),
+        model=VisionLanguageModel(vlm, family.explicit_positions, family.deepstack_layers),
         tokenizer=tokenizer,
         model_id=model_id,
         config=config,

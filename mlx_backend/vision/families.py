@@ -29,10 +29,12 @@ class VisionFamily(Protocol):
     Attributes:
         placeholder_id: the token the chat template writes once per image.
         explicit_positions: the text model takes ``position_ids`` (M-RoPE).
+        deepstack_layers: how many deepstack vectors follow each feature row (Qwen3-VL).
     """
 
     placeholder_id: int
     explicit_positions: bool
+    deepstack_layers: int
 
     def encode(self, image: Any) -> EncodedImage:
         """A PIL RGB image -> its placeholder features (runs the vision tower)."""
@@ -56,6 +58,7 @@ class QwenVLFamily:
     patch), M-RoPE positions from ``get_rope_index``."""
 
     explicit_positions = True
+    deepstack_layers = 0
 
     def __init__(self, vlm: nn.Module, image_processor: Any, tokenizer: Any) -> None:
         self.vlm = vlm
@@ -71,7 +74,7 @@ class QwenVLFamily:
         grid = np.asarray(inputs["image_grid_thw"], np.int32)
         tower = self.vlm.vision_tower
         pixels = mx.array(inputs["pixel_values"]).astype(tower.patch_embed.proj.weight.dtype)
-        features = tower(pixels, mx.array(grid), output_hidden_states=False)
+        features = self._tower(pixels, mx.array(grid))
         t, h, w = (int(v) for v in grid[0])
         assert features.shape[0] == t * h * w // self.merge**2, features.shape
         return EncodedImage(np.array(features.astype(mx.float32)), (t, h, w))
@@ -86,6 +89,24 @@ class QwenVLFamily:
             return None, 0
         return np.array(position_ids[:, 0, :]).astype(np.int32), int(np.array(delta).ravel()[0])
 
+    def _tower(self, pixels: mx.array, grid: mx.array) -> mx.array:
+        return self.vlm.vision_tower(pixels, grid, output_hidden_states=False)
+
+
+class Qwen3VLFamily(QwenVLFamily):
+    """qwen3_vl: Qwen-VL's placeholders and M-RoPE, plus deepstack: the vision tower also
+    gives one vector per placeholder for each of the first text layers, carried beside
+    the feature row (``[tokens, hidden * (1 + layers)]``)."""
+
+    def __init__(self, vlm: nn.Module, image_processor: Any, tokenizer: Any) -> None:
+        super().__init__(vlm, image_processor, tokenizer)
+        self.placeholder_id = int(vlm.config.image_token_index)
+        self.deepstack_layers = len(vlm.config.vision_config.deepstack_visual_indexes)
+
+    def _tower(self, pixels: mx.array, grid: mx.array) -> mx.array:
+        features, deepstack = self.vlm.vision_tower(pixels, grid)
+        return mx.concatenate([features, *deepstack], axis=-1)
+
 
 class Gemma3Family:
     """gemma3: a fixed-size SigLIP image (``mm_tokens_per_image`` placeholders), the
@@ -95,6 +116,7 @@ class Gemma3Family:
     ordinary positions."""
 
     explicit_positions = False
+    deepstack_layers = 0
 
     def __init__(self, vlm: nn.Module, image_processor: Any, tokenizer: Any) -> None:
         self.vlm = vlm
@@ -128,6 +150,7 @@ class LlavaFamily:
     hidden layer without its CLS row, projected), ordinary positions."""
 
     explicit_positions = False
+    deepstack_layers = 0
 
     def __init__(self, vlm: nn.Module, image_processor: Any, tokenizer: Any) -> None:
         self.vlm = vlm
@@ -163,6 +186,7 @@ class LlavaFamily:
 FAMILIES: dict[str, type] = {
     "qwen2_vl": QwenVLFamily,
     "qwen2_5_vl": QwenVLFamily,
+    "qwen3_vl": Qwen3VLFamily,
     "gemma3": Gemma3Family,
     "llava": LlavaFamily,
 }

@@ -32,9 +32,12 @@ class VisionLanguageModel(nn.Module):
         explicit_positions: the text model takes ``position_ids [3, B, L]`` (M-RoPE) and
             every forward over pool caches must pass them (their offsets are per-row
             arrays the model's own position fallback cannot use).
+        deepstack_layers: Qwen3-VL's deepstack: an image position's features also add
+            one vector each to the hidden states after the first ``deepstack_layers``
+            layers (0: none).
     """
 
-    def __init__(self, vlm: nn.Module, explicit_positions: bool) -> None:
+    def __init__(self, vlm: nn.Module, explicit_positions: bool, deepstack_layers: int = 0) -> None:
         super().__init__()
         language = vlm.language_model
         self.model = language.model
@@ -42,6 +45,7 @@ class VisionLanguageModel(nn.Module):
             self.lm_head = language.lm_head
         self._language = _Held(language)
         self.explicit_positions = explicit_positions
+        self.deepstack_layers = deepstack_layers
 
     @property
     def layers(self) -> list[nn.Module]:
@@ -59,6 +63,28 @@ class VisionLanguageModel(nn.Module):
         """The token embeddings the text model starts from."""
         return self.model.embed_tokens(input_ids)
 
+    def image_inputs(
+        self, input_ids: mx.array, rows: mx.array, columns: mx.array, features: mx.array
+    ) -> dict[str, Any]:
+        """The text model's inputs for a forward whose ``(rows, columns)`` positions (in
+        row-major order) are image placeholders with ``features``: the token embeddings
+        with the features written over those positions, and for deepstack models the
+        positions' mask and the per-layer vectors (``features`` holds them side by side:
+        ``[K, hidden * (1 + deepstack_layers)]``)."""
+        embeds = self.embed(input_ids)
+        width = features.shape[1] // (1 + self.deepstack_layers)
+        embeds[rows, columns] = features[:, :width].astype(embeds.dtype)
+        inputs: dict[str, Any] = {"inputs_embeds": embeds}
+        if self.deepstack_layers:
+            mask = mx.zeros(input_ids.shape, dtype=mx.bool_)
+            mask[rows, columns] = True
+            inputs["visual_pos_masks"] = mask
+            inputs["deepstack_visual_embeds"] = [
+                features[:, width * (k + 1) : width * (k + 2)].astype(embeds.dtype)
+                for k in range(self.deepstack_layers)
+            ]
+        return inputs
+
     def head(self, hidden: mx.array) -> mx.array:
         if "lm_head" in self:
             return self.lm_head(hidden)
@@ -68,25 +94,15 @@ class VisionLanguageModel(nn.Module):
         self,
         inputs: mx.array,
         cache: list | None = None,
-        inputs_embeds: mx.array | None = None,
         position_ids: mx.array | None = None,
+        **image_inputs: Any,
     ) -> mx.array:
-        return self.head(self.hidden(inputs, cache, inputs_embeds, position_ids))
-
-    def hidden(
-        self,
-        inputs: mx.array,
-        cache: list | None = None,
-        inputs_embeds: mx.array | None = None,
-        position_ids: mx.array | None = None,
-    ) -> mx.array:
-        """The text model's final hidden states (what ``head`` projects)."""
-        extra = {}
+        """Logits of every position; ``image_inputs`` are what ``image_inputs`` gave."""
         if self.explicit_positions:
-            extra["position_ids"] = (
-                default_positions(inputs, cache) if position_ids is None else position_ids
-            )
-        return self.model(inputs, inputs_embeds=inputs_embeds, cache=cache, **extra)
+            if position_ids is None:
+                position_ids = default_positions(inputs, cache)
+            image_inputs["position_ids"] = position_ids
+        return self.head(self.model(inputs, cache=cache, **image_inputs))
 
 
 def default_positions(inputs: mx.array, cache: list | None) -> mx.array:
