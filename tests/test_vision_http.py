@@ -6,8 +6,11 @@ placeholder; bad, oversize or disallowed images are 400s in the protocol's shape
 from __future__ import annotations
 
 import base64
+import http.server
 import io
+import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import anthropic
@@ -139,6 +142,19 @@ class TestOpenAIChatImages:
         assert seconds > 0, f"{seconds} vision encoder seconds"
 
 
+class TestVisionCache:
+    def test_same_image_skips_the_vision_tower(self, server, client):
+        png = random_png(61)
+        chat(client, image_message(png))
+        before = scrape(server.url)
+        chat(client, image_message(png, "and now?"))
+        after = scrape(server.url)
+        name = "mlxserve:images_processed_total"
+        assert metric(after, name) == metric(before, name), "the same image was encoded again"
+        hits = "mlxserve:vision_cache_hits_total"
+        assert metric(after, hits) == metric(before, hits) + 1, "no vision cache hit counted"
+
+
 class TestImageErrors:
     @pytest.mark.parametrize(
         "url",
@@ -180,6 +196,62 @@ class TestImageErrors:
         with pytest.raises(openai.BadRequestError) as e:
             chat(client, image_message(random_png(1)), model="text")
         assert "does not take images" in str(e.value), e.value
+
+
+class _PNGHandler(http.server.BaseHTTPRequestHandler):
+    """Serves ``/cat.png`` (one image), ``/big.png`` (over the byte limit), 404 else."""
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        body = {"/cat.png": URL_PNG, "/big.png": b"x" * 100_000}.get(self.path)
+        if body is None:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "image/png")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:  # noqa: ANN002
+        pass
+
+
+URL_PNG = random_png(71)
+
+
+@pytest.fixture(scope="module")
+def image_host() -> Iterator[str]:
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _PNGHandler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def url_client(dirs: dict[str, Path]) -> Iterator[openai.OpenAI]:
+    """A server started with --allow-image-urls."""
+    config = replace(CONFIG, allow_image_urls=True, image_url_timeout=5.0)
+    server, _ = serve([ModelDeclaration(str(dirs["vlm"]), ("vlm",))], config)
+    try:
+        yield openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=300)
+    finally:
+        server.stop()
+
+
+class TestImageURLs:
+    def test_fetched_image_equals_inline(self, url_client, image_host, expected):
+        got = chat(url_client, image_message(image_host + "/cat.png"))
+        assert got.choices[0].message.content == expected(URL_PNG)[0], got
+
+    @pytest.mark.parametrize(("path", "says"), [("/big.png", "bytes"), ("/nope.png", "fetched")])
+    def test_bad_fetches_are_400(self, url_client, image_host, path, says):
+        with pytest.raises(openai.BadRequestError) as e:
+            chat(url_client, image_message(image_host + path))
+        assert says in str(e.value), e.value
 
 
 @pytest.fixture(scope="module")

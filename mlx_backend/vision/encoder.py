@@ -78,12 +78,26 @@ class VisionEncoder:
         self.images_encoded = 0
         self.cache_hits = 0
         self.encoder_seconds = 0.0
+        self._pending = 0
+
+    @property
+    def pending(self) -> int:
+        """Prompts submitted and not yet prepared (the vision thread's queue)."""
+        return self._pending
 
     def submit(
         self, prompt_ids: list[int], images: list[ImageInput]
     ) -> concurrent.futures.Future[PreparedPrompt]:
         """``prepare`` on the vision thread."""
-        return self._pool.submit(self.prepare, prompt_ids, images)
+        with self._lock:
+            self._pending += 1
+        future = self._pool.submit(self.prepare, prompt_ids, images)
+        future.add_done_callback(self._done)
+        return future
+
+    def _done(self, _: concurrent.futures.Future) -> None:
+        with self._lock:
+            self._pending -= 1
 
     def prepare(self, prompt_ids: list[int], images: list[ImageInput]) -> PreparedPrompt:
         """Expand each image's one placeholder token in ``prompt_ids`` (in order) as the

@@ -24,7 +24,8 @@ from typing import Any
 
 from mlxserve.scheduler.multimodal import MultimodalPrompt, multimodal_prompt
 from mlxserve.server.config import ServerConfig
-from mlxserve.server.http.errors import invalid_request
+from mlxserve.server.http.errors import APIError, invalid_request
+from mlxserve.server.serving.limits import RETRY_AFTER_S
 from mlxserve.server.serving.offload import offload
 
 _DATA_URL = re.compile(r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[^;,]*)*?);base64,", re.I)
@@ -189,7 +190,8 @@ async def prepare_images(
 
     Raises:
         APIError: 400 for a text-only model given images, an image over a limit, or a
-            prompt whose image placeholders do not match its images.
+            prompt whose image placeholders do not match its images; 429 when
+            ``--max-queue`` prompts already wait for the vision encoder.
     """
     if not sources:
         return prompt_ids, None
@@ -198,6 +200,15 @@ async def prepare_images(
             "This model does not take images; send text only or use a vision model.",
             sources[0].param,
             code="images_not_supported",
+        )
+    if config.max_queue and vision.pending >= config.max_queue:
+        raise APIError(
+            429,
+            f"The server is busy: {vision.pending} requests are already waiting for the "
+            f"vision encoder (limit {config.max_queue}). Please retry later.",
+            type="rate_limit_exceeded",
+            code="queue_full",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
         )
     images = await offload(load_images, sources, config)
     try:

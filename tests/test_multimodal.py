@@ -1,0 +1,107 @@
+"""The numpy side of image inputs: prefix-cache keys of image placeholders, the image
+positions of a prefill chunk, M-RoPE positions inside and after the prompt, and the
+server's image checks that need no model."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+
+import numpy as np
+import pytest
+
+from mlxserve.scheduler.multimodal import ImageSpan, MultimodalPrompt, chunk_images
+from mlxserve.server.config import ServerConfig
+from mlxserve.server.http.errors import APIError
+from mlxserve.server.serving.images import (
+    ImageSource,
+    load_images,
+    prepare_images,
+    take_images,
+)
+
+
+def _prompt() -> MultimodalPrompt:
+    a = ImageSpan(2, 3, np.arange(6, dtype=np.float32).reshape(3, 2), "aa" * 32)
+    b = ImageSpan(7, 2, np.arange(4, dtype=np.float32).reshape(2, 2) + 100, "bb" * 32)
+    positions = np.tile(np.array([0, 1, 2, 2, 2, 3, 4, 5, 5, 6], np.int32), (3, 1))
+    return MultimodalPrompt([a, b], positions, position_delta=-3)
+
+
+class TestCacheKeys:
+    def test_placeholders_carry_the_image_key(self):
+        mm = _prompt()
+        ids = np.arange(12, dtype=np.int32)
+        keyed = mm.cache_ids(ids)
+        assert (keyed[2:5] == mm.spans[0].cache_key).all(), keyed
+        assert (keyed[7:9] == mm.spans[1].cache_key).all(), keyed
+        assert list(keyed[[0, 1, 5, 6, 9, 10, 11]]) == [0, 1, 5, 6, 9, 10, 11], keyed
+
+    def test_keys_are_negative_and_differ_by_content(self):
+        a, b = _prompt().spans
+        assert a.cache_key < 0 and b.cache_key < 0, (a.cache_key, b.cache_key)
+        assert a.cache_key != b.cache_key, "two images share a prefix-cache key"
+        same = ImageSpan(40, 3, a.features, a.digest)
+        assert same.cache_key == a.cache_key, "the key depends on more than the content"
+
+
+class TestChunkImages:
+    def test_a_chunk_ending_inside_an_image(self):
+        chunk = chunk_images(_prompt(), 0, 4)
+        assert list(chunk.columns) == [2, 3], chunk.columns
+        assert chunk.features.tolist() == [[0, 1], [2, 3]], chunk.features
+
+    def test_a_chunk_spanning_the_rest_of_one_image_and_another(self):
+        chunk = chunk_images(_prompt(), 4, 6)
+        assert list(chunk.columns) == [0, 3, 4], chunk.columns
+        assert chunk.features[:, 0].tolist() == [4, 100, 102], chunk.features
+
+    def test_a_chunk_without_images(self):
+        assert chunk_images(_prompt(), 9, 3) is None
+
+
+class TestPositions:
+    def test_inside_and_after_the_prompt(self):
+        got = _prompt().positions_of(8, 4)
+        assert got[0].tolist() == [5, 6, 10 - 3, 11 - 3], got
+
+    def test_without_a_table_the_index_plus_delta(self):
+        mm = MultimodalPrompt([], None, position_delta=0)
+        assert mm.positions_of(5, 2).tolist() == [[5, 6]] * 3
+
+
+class TestImageChecks:
+    def test_take_images_keeps_template_parts(self):
+        source = ImageSource("p", data="AAAA")
+        conversation = [
+            {
+                "role": "user",
+                "content": [{"type": "image", "source": source}, {"type": "text", "text": "hi"}],
+            },
+            {"role": "assistant", "content": "ok"},
+        ]
+        taken, sources = take_images(conversation)
+        assert sources == [source], sources
+        assert taken[0]["content"] == [{"type": "image"}, {"type": "text", "text": "hi"}], taken
+        assert taken[1] == conversation[1], taken
+
+    @pytest.mark.parametrize("url", ["file:///etc/passwd", "data:text/plain,hello", "gopher://x"])
+    def test_other_urls_are_refused(self, url):
+        with pytest.raises(ValueError):
+            ImageSource.of_url(url, "p")
+
+    def test_oversize_base64_is_refused_before_decoding(self):
+        source = ImageSource("p", data=base64.b64encode(b"x" * 5000).decode())
+        with pytest.raises(APIError) as e:
+            load_images([source], ServerConfig(max_image_bytes=1000))
+        assert e.value.status_code == 400 and "bytes" in e.value.message, e.value
+
+    def test_a_busy_vision_encoder_is_429(self):
+        class Busy:
+            pending = 4
+
+        source = ImageSource("p", data="AAAA")
+        with pytest.raises(APIError) as e:
+            asyncio.run(prepare_images(Busy(), [1], [source], ServerConfig(max_queue=4)))
+        assert e.value.status_code == 429, e.value
+        assert "Retry-After" in (e.value.headers or {}), e.value.headers
