@@ -9,12 +9,12 @@ and hands them to the executor in the ``ForwardBatch``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-# Prefix-cache keys of image placeholders: negative, so they never equal a real token id.
-_KEY_SPACE = 2**31 - 2
+# Prefix-cache keys of image placeholders: negative int32, so never a real token id.
+_KEY_LIMIT = 2**31 - 1
 
 
 @dataclass
@@ -34,15 +34,22 @@ class ImageSpan:
     length: int
     features: np.ndarray
     digest: str
+    _keys: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def end(self) -> int:
         return self.start + self.length
 
     @property
-    def cache_key(self) -> int:
-        """The id standing in for this image's placeholders in prefix-cache keys."""
-        return -1 - int(self.digest[:15], 16) % _KEY_SPACE
+    def cache_keys(self) -> np.ndarray:
+        """int32 ``[length]``: the ids standing in for this image's placeholders in
+        prefix-cache keys, drawn from the content hash. One 31-bit key per position, so
+        two different images collide only if every one of their keys does."""
+        if self._keys is None:
+            rng = np.random.default_rng(int(self.digest[:32], 16))
+            self._keys = -rng.integers(1, _KEY_LIMIT, size=self.length, dtype=np.int64)
+            self._keys = self._keys.astype(np.int32)
+        return self._keys
 
 
 @dataclass
@@ -67,7 +74,8 @@ class MultimodalPrompt:
         prefix match covers an image only when the image's content is the same."""
         keyed = ids.copy()
         for span in self.spans:
-            keyed[span.start : min(span.end, len(keyed))] = span.cache_key
+            end = min(span.end, len(keyed))
+            keyed[span.start : end] = span.cache_keys[: end - span.start]
         return keyed
 
     def positions_of(self, start: int, n: int) -> np.ndarray:

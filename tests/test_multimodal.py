@@ -33,16 +33,21 @@ class TestCacheKeys:
         mm = _prompt()
         ids = np.arange(12, dtype=np.int32)
         keyed = mm.cache_ids(ids)
-        assert (keyed[2:5] == mm.spans[0].cache_key).all(), keyed
-        assert (keyed[7:9] == mm.spans[1].cache_key).all(), keyed
+        assert (keyed[2:5] == mm.spans[0].cache_keys).all(), keyed
+        assert (keyed[7:9] == mm.spans[1].cache_keys).all(), keyed
         assert list(keyed[[0, 1, 5, 6, 9, 10, 11]]) == [0, 1, 5, 6, 9, 10, 11], keyed
 
     def test_keys_are_negative_and_differ_by_content(self):
         a, b = _prompt().spans
-        assert a.cache_key < 0 and b.cache_key < 0, (a.cache_key, b.cache_key)
-        assert a.cache_key != b.cache_key, "two images share a prefix-cache key"
+        assert (a.cache_keys < 0).all() and (b.cache_keys < 0).all(), (a.cache_keys, b.cache_keys)
+        assert a.cache_keys[0] != b.cache_keys[0], "two images share a prefix-cache key"
         same = ImageSpan(40, 3, a.features, a.digest)
-        assert same.cache_key == a.cache_key, "the key depends on more than the content"
+        assert (same.cache_keys == a.cache_keys).all(), "the keys depend on more than the content"
+
+    def test_a_prompt_cut_inside_an_image(self):
+        mm = _prompt()
+        keyed = mm.cache_ids(np.arange(4, dtype=np.int32))
+        assert (keyed[2:4] == mm.spans[0].cache_keys[:2]).all(), keyed
 
 
 class TestChunkImages:

@@ -43,6 +43,11 @@ class VisionLanguageModel(nn.Module):
         self.model = language.model
         if "lm_head" in language:
             self.lm_head = language.lm_head
+        # The vision tower and projector are the vision encoder's; registered here too so
+        # that the model's parameters (what memory budgets count) include them.
+        self.vision_modules = {
+            name: child for name, child in vlm.children().items() if name != "language_model"
+        }
         self._language = _Held(language)
         self.explicit_positions = explicit_positions
         self.deepstack_layers = deepstack_layers
