@@ -192,6 +192,12 @@ class TestImageErrors:
             chat(client, image_message("data:image/png;base64," + "A" * 100_000))
         assert "bytes" in str(e.value), e.value
 
+    def test_tokenize_refuses_images(self, http):
+        body = {"model": "vlm", "messages": image_message(random_png(1))}
+        response = http.post("/tokenize", json=body)
+        assert response.status_code == 400, response.text
+        assert "images" in response.json()["error"]["message"], response.text
+
     def test_text_model_refuses_images(self, client):
         with pytest.raises(openai.BadRequestError) as e:
             chat(client, image_message(random_png(1)), model="text")
