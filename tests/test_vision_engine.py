@@ -91,3 +91,36 @@ class TestBatchedImagesMatchMlxVlm:
             want = vlm_reference(vlm_dir, ids, cases[rid][1], MAX_TOKENS)
             assert collector.tokens[rid] == want, f"{rid}: {collector.tokens[rid]} != {want}"
         assert engine.executor is not None
+
+
+class TestPreemptedImageRequests:
+    """A pool too small for every image request's decode preempts some; they recompute
+    their prompts (images included, from their held features, or from the prefix cache)
+    and still give mlx-vlm's tokens."""
+
+    def test_tiny_pool(self, vlm, vlm_dir, make_engine):
+        max_tokens = 12
+        cases = []
+        for seed in range(4):
+            ids = _prompt(vlm.tokenizer, f"picture {seed}", 1)
+            png = random_png(100 + seed)
+            ready = vlm.vision.prepare(ids, [_image(png)])
+            cases.append((f"r{seed}", ready, png))
+        longest = max(len(r.ids) for _, r, _ in cases)
+        # Two prompts fit (admission reserves a quarter of the decode budget), their
+        # decodes do not: decoding must preempt.
+        engine = make_engine(vlm, max_total_tokens=2 * longest + 6)
+        collector = Collector()
+        for rid, ready, _ in cases:
+            engine.add_request(
+                rid,
+                ready.ids,
+                SamplingParams(temperature=0.0, max_tokens=max_tokens),
+                collector.callback(rid),
+                images=multimodal_prompt(ready),
+            )
+        for rid, ready, png in cases:
+            collector.wait(rid, timeout=120)
+            want = vlm_reference(vlm_dir, ready.ids, [png], max_tokens)
+            assert collector.tokens[rid] == want, f"{rid}: {collector.tokens[rid]} != {want}"
+        assert engine.scheduler.num_preemptions > 0, "the pool was meant to force preemption"
