@@ -3,12 +3,15 @@ prompt, the vision features that replace their embeddings, and explicit position
 models whose rotary positions are not the token index (M-RoPE).
 
 The vision tower runs once per image before the request reaches the engine; the engine
-only slices these arrays into each prefill chunk (``chunk_images``, ``chunk_positions``)
-and hands them to the executor in the ``ForwardBatch``.
+only slices these arrays into each prefill chunk (``chunk_images``) and hands them to the
+executor in the ``ForwardBatch``. Once a request's prefill has passed an image, the
+image's features are released; a preempted request that must recompute the image gets
+them back from ``restore`` (the vision encoder's cache, or the image encoded again).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,15 +27,14 @@ class ImageSpan:
     Attributes:
         start: the position of its first placeholder token.
         length: how many placeholder tokens it has (one per feature row).
-        features: float32 ``[length, hidden]``: the embedding of each placeholder position.
-            Held for the request's whole life: a preempted request recomputes its prompt
-            (what the prefix cache no longer holds of it), images included.
+        features: float32 ``[length, hidden]``: the embedding of each placeholder position
+            (None once released).
         digest: the image content's hash (hex): its prefix-cache key and vision-cache key.
     """
 
     start: int
     length: int
-    features: np.ndarray
+    features: np.ndarray | None
     digest: str
     _keys: np.ndarray | None = field(default=None, repr=False)
 
@@ -63,11 +65,32 @@ class MultimodalPrompt:
         position_delta: what a position after the prompt adds to its index (M-RoPE's
             ``rope_delta``: an image of ``h x w`` placeholders advances the position by
             ``max(h, w)``, not ``h * w``).
+        restore: gives a released image's features back (called on the engine thread;
+            None: features are never released).
     """
 
     spans: list[ImageSpan]
     positions: np.ndarray | None = None
     position_delta: int = 0
+    restore: Callable[[ImageSpan], np.ndarray] | None = None
+    restored: int = 0  # how many times released features were given back
+
+    def release_before(self, position: int) -> None:
+        """Release the features of the images that end at or before ``position`` (the
+        prefill has passed them), when they can be restored."""
+        if self.restore is None:
+            return
+        for span in self.spans:
+            if span.end <= position:
+                span.features = None
+
+    def features_of(self, span: ImageSpan) -> np.ndarray:
+        """``span``'s features, restored if they were released."""
+        if span.features is None:
+            assert self.restore is not None, "features released without a way back"
+            span.features = self.restore(span)
+            self.restored += 1
+        return span.features
 
     def cache_ids(self, ids: np.ndarray) -> np.ndarray:
         """``ids`` with every image placeholder replaced by its image's cache key, so a
@@ -88,11 +111,14 @@ class MultimodalPrompt:
         return out
 
 
-def multimodal_prompt(prepared) -> MultimodalPrompt:  # noqa: ANN001 - any PreparedPrompt shape
+def multimodal_prompt(
+    prepared,  # noqa: ANN001 - any PreparedPrompt shape
+    restore: Callable[[ImageSpan], np.ndarray] | None = None,
+) -> MultimodalPrompt:
     """The engine's view of a vision encoder's prepared prompt (``images`` with ``start``,
     ``length``, ``features``, ``digest``; ``positions``; ``position_delta``)."""
     spans = [ImageSpan(i.start, i.length, i.features, i.digest) for i in prepared.images]
-    return MultimodalPrompt(spans, prepared.positions, prepared.position_delta)
+    return MultimodalPrompt(spans, prepared.positions, prepared.position_delta, restore)
 
 
 @dataclass(frozen=True)
@@ -111,7 +137,7 @@ def chunk_images(mm: MultimodalPrompt, start: int, n: int) -> ChunkImages | None
         if lo >= hi:
             continue
         columns.append(np.arange(lo - start, hi - start, dtype=np.int32))
-        features.append(span.features[lo - span.start : hi - span.start])
+        features.append(mm.features_of(span)[lo - span.start : hi - span.start])
     if not columns:
         return None
     return ChunkImages(np.concatenate(columns), np.concatenate(features))

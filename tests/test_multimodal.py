@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import io
 
 import numpy as np
 import pytest
@@ -63,6 +64,42 @@ class TestChunkImages:
 
     def test_a_chunk_without_images(self):
         assert chunk_images(_prompt(), 9, 3) is None
+
+
+class TestRelease:
+    def test_without_restore_features_are_kept(self):
+        mm = _prompt()
+        mm.release_before(100)
+        assert all(span.features is not None for span in mm.spans), "released with no way back"
+
+    def test_released_features_come_back_through_restore(self):
+        mm = _prompt()
+        mm.restore = lambda span: np.full((span.length, 2), 7.0, np.float32)
+        mm.release_before(6)
+        assert mm.spans[0].features is None and mm.spans[1].features is not None, mm.spans
+        chunk = chunk_images(mm, 0, 4)
+        assert chunk.features.tolist() == [[7, 7], [7, 7]], chunk.features
+        assert mm.restored == 1, mm.restored
+
+    def test_the_server_restores_from_the_image_bytes(self):
+        from PIL import Image
+
+        from mlxserve.server.serving.images import _restorer
+
+        buffer = io.BytesIO()
+        Image.new("RGB", (4, 3), (1, 2, 3)).save(buffer, format="PNG")
+        source = ImageSource("p", data=base64.b64encode(buffer.getvalue()).decode())
+        [image] = load_images([source], ServerConfig())
+        seen = []
+
+        class Vision:
+            def features(self, img):  # noqa: ANN001, ANN202
+                seen.append(img)
+                return np.zeros((1, 2), np.float32)
+
+        restore = _restorer(Vision(), [image])
+        restore(ImageSpan(0, 1, None, image.digest))
+        assert seen[0].digest == image.digest and seen[0].image.size == (4, 3), seen
 
 
 class TestPositions:

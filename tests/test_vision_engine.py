@@ -94,33 +94,43 @@ class TestBatchedImagesMatchMlxVlm:
 
 
 class TestPreemptedImageRequests:
-    """A pool too small for every image request's decode preempts some; they recompute
-    their prompts (images included, from their held features, or from the prefix cache)
-    and still give mlx-vlm's tokens."""
+    """A pool too small for every image request's decode preempts some. Features are
+    released once the prefill passes their image; a preempted request recomputing its
+    prompt gets them back through ``restore`` (with the prefix cache off, it must), and
+    every request still gives mlx-vlm's tokens."""
 
-    def test_tiny_pool(self, vlm, vlm_dir, make_engine):
+    @pytest.mark.parametrize("prefix_cache", [True, False], ids=["cache", "no-cache"])
+    def test_tiny_pool(self, vlm, vlm_dir, make_engine, prefix_cache):
         max_tokens = 12
         cases = []
         for seed in range(4):
             ids = _prompt(vlm.tokenizer, f"picture {seed}", 1)
             png = random_png(100 + seed)
             ready = vlm.vision.prepare(ids, [_image(png)])
-            cases.append((f"r{seed}", ready, png))
-        longest = max(len(r.ids) for _, r, _ in cases)
+            mm = multimodal_prompt(ready, lambda span, png=png: vlm.vision.features(_image(png)))
+            cases.append((f"r{seed}", ready, png, mm))
+        longest = max(len(r.ids) for _, r, _, _ in cases)
         # Two prompts fit (admission reserves a quarter of the decode budget), their
         # decodes do not: decoding must preempt.
-        engine = make_engine(vlm, max_total_tokens=2 * longest + 6)
+        engine = make_engine(
+            vlm, max_total_tokens=2 * longest + 6, disable_prefix_cache=not prefix_cache
+        )
         collector = Collector()
-        for rid, ready, _ in cases:
+        for rid, ready, _, mm in cases:
             engine.add_request(
                 rid,
                 ready.ids,
                 SamplingParams(temperature=0.0, max_tokens=max_tokens),
                 collector.callback(rid),
-                images=multimodal_prompt(ready),
+                images=mm,
             )
-        for rid, ready, png in cases:
+        for rid, ready, png, _ in cases:
             collector.wait(rid, timeout=120)
             want = vlm_reference(vlm_dir, ready.ids, [png], max_tokens)
             assert collector.tokens[rid] == want, f"{rid}: {collector.tokens[rid]} != {want}"
         assert engine.scheduler.num_preemptions > 0, "the pool was meant to force preemption"
+        released = [span.features is None for *_, mm in cases for span in mm.spans]
+        assert all(released), "features were held after the prefill passed their image"
+        if not prefix_cache:
+            restored = sum(mm.restored for *_, mm in cases)
+            assert restored > 0, "no preempted request needed its image's features back"

@@ -128,6 +128,11 @@ class VisionEncoder:
         positions, delta = self.family.positions(ids, encoded)
         return PreparedPrompt(ids, placed, positions, delta)
 
+    def features(self, img: ImageInput) -> np.ndarray:
+        """One image's placeholder features: from the cache, else encoded on the calling
+        thread (a preempted request whose released features are needed again)."""
+        return self._encode(img).features
+
     def _encode(self, img: ImageInput) -> EncodedImage:
         with self._lock:
             hit = self._cache.get(img.digest)

@@ -19,10 +19,13 @@ import io
 import re
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-from mlxserve.scheduler.multimodal import MultimodalPrompt, multimodal_prompt
+import numpy as np
+
+from mlxserve.scheduler.multimodal import ImageSpan, MultimodalPrompt, multimodal_prompt
 from mlxserve.server.config import ServerConfig
 from mlxserve.server.http.errors import APIError, invalid_request
 from mlxserve.server.serving.limits import RETRY_AFTER_S
@@ -64,10 +67,12 @@ class ImageSource:
 
 @dataclass(frozen=True)
 class DecodedImage:
-    """A checked image: RGB pixels (PIL) and the sha256 of its bytes, its content key."""
+    """A checked image: RGB pixels (PIL), the sha256 of its bytes (its content key), and
+    the bytes (to decode again should a preempted request need its features back)."""
 
     image: Any
     digest: str
+    data: bytes = field(repr=False)
 
 
 def image_part(source: ImageSource) -> dict[str, Any]:
@@ -153,7 +158,7 @@ def _decode(data: bytes, param: str, pixels_left: int) -> tuple[DecodedImage, in
         rgb = image.convert("RGB")
     except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as e:
         raise invalid_request(f"{param}: the image could not be decoded: {e}", param) from e
-    return DecodedImage(rgb, hashlib.sha256(data).hexdigest()), width * height
+    return DecodedImage(rgb, hashlib.sha256(data).hexdigest(), data), width * height
 
 
 def load_images(sources: list[ImageSource], config: ServerConfig) -> list[DecodedImage]:
@@ -215,4 +220,16 @@ async def prepare_images(
         prepared = await asyncio.wrap_future(vision.submit(prompt_ids, images))
     except ValueError as e:
         raise invalid_request(f"The images do not fit the prompt: {e}", sources[0].param) from e
-    return prepared.ids, multimodal_prompt(prepared)
+    return prepared.ids, multimodal_prompt(prepared, _restorer(vision, images))
+
+
+def _restorer(vision: Any, images: list[DecodedImage]) -> Callable[[ImageSpan], np.ndarray]:
+    """How a request gets an image's released features back: the vision encoder's cache,
+    else the image's bytes decoded and encoded again. Holds the bytes only (not pixels)."""
+    data = {image.digest: image.data for image in images}
+
+    def restore(span: ImageSpan) -> np.ndarray:
+        image, _ = _decode(data[span.digest], "image", 0)
+        return vision.features(image)
+
+    return restore
