@@ -134,3 +134,28 @@ class TestPreemptedImageRequests:
         if not prefix_cache:
             restored = sum(mm.restored for *_, mm in cases)
             assert restored > 0, "no preempted request needed its image's features back"
+
+
+class TestImagePrefixCache:
+    """The same image in a later request is a prefix hit past the image with the same
+    tokens; a different image misses from its first placeholder on."""
+
+    def test_same_hits_different_misses(self, vlm, vlm_dir, make_engine):
+        engine = make_engine(vlm, max_total_tokens=1024)
+        ids = _prompt(vlm.tokenizer, "describe it", 1)
+        runs = {}
+        for rid, seed in (("first", 7), ("again", 7), ("other", 8)):
+            ready = vlm.vision.prepare(ids, [_image(random_png(seed))])
+            collector = Collector()
+            _submit(engine, collector, rid, ready.ids, multimodal_prompt(ready))
+            final = collector.wait(rid, timeout=120)
+            runs[rid] = (ready, collector.tokens[rid], final.cached_tokens)
+        ready, first, _ = runs["first"]
+        image = ready.images[0]
+        _, again, hit = runs["again"]
+        assert again == first, f"a prefix hit changed the output: {again} != {first}"
+        assert hit > image.start + image.length - 1, f"the same image missed ({hit} cached)"
+        other_ready, other, missed = runs["other"]
+        assert missed <= image.start, f"a different image hit past its start ({missed})"
+        want = vlm_reference(vlm_dir, other_ready.ids, [random_png(8)], MAX_TOKENS)
+        assert other == want, f"the other image: {other} != {want}"
