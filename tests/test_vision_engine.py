@@ -159,3 +159,63 @@ class TestImagePrefixCache:
         assert missed <= image.start, f"a different image hit past its start ({missed})"
         want = vlm_reference(vlm_dir, other_ready.ids, [random_png(8)], MAX_TOKENS)
         assert other == want, f"the other image: {other} != {want}"
+
+
+class _NewlineRunTokenizer:
+    """Characters are their code points, a run of newlines one token (``1000 + run``),
+    ``<boi>`` / ``<img>`` / ``<eoi>`` special tokens: Gemma's tokenizer in miniature."""
+
+    SPECIALS = {"<boi>": 900, "<img>": 901, "<eoi>": 902}
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        import re
+
+        ids = []
+        for piece in re.split(r"(<boi>|<img>|<eoi>|\n+)", text):
+            if piece in self.SPECIALS:
+                ids.append(self.SPECIALS[piece])
+            elif piece.startswith("\n"):
+                ids.append(1000 + len(piece))
+            else:
+                ids.extend(ord(c) for c in piece)
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        names = {v: k for k, v in self.SPECIALS.items()}
+        return "".join(names.get(t) or ("\n" * (t - 1000) if t >= 1000 else chr(t)) for t in ids)
+
+
+class TestGemma3Framing:
+    """The framing newlines join the newlines around the placeholder, as Gemma3's
+    processor gets them by tokenizing the expanded text."""
+
+    def test_tokens_equal_the_processors_text_expansion(self):
+        import numpy as np
+
+        from mlxserve.mlx_backend.vision.encoder import VisionEncoder
+        from mlxserve.mlx_backend.vision.families import EncodedImage, Gemma3Family
+
+        tokenizer = _NewlineRunTokenizer()
+        family = object.__new__(Gemma3Family)
+        family.tokenizer, family._newline_counts = tokenizer, {}
+        family.placeholder_id, family.image_token_id, family.end_id = 900, 901, 902
+        family.encode = lambda image: EncodedImage(np.zeros((3, 2), np.float32), ())
+        family.positions = lambda ids, images: (None, 0)
+        encoder = VisionEncoder(family)
+        try:
+            text = "user\n<boi><boi>\ncompare\n"
+            ready = encoder.prepare(
+                tokenizer.encode(text), [ImageInputStub("a"), ImageInputStub("b")]
+            )
+        finally:
+            encoder.close()
+        framed = "\n\n<boi>" + "<img>" * 3 + "<eoi>\n\n"
+        want = tokenizer.encode(text.replace("<boi>", framed))
+        assert ready.ids == want, f"{tokenizer.decode(ready.ids)!r} != {tokenizer.decode(want)!r}"
+        starts = [image.start for image in ready.images]
+        assert [ready.ids[s : s + 3] for s in starts] == [[901] * 3] * 2, (ready.ids, starts)
+
+
+class ImageInputStub:
+    def __init__(self, digest: str) -> None:
+        self.image, self.digest = None, digest

@@ -116,14 +116,17 @@ class VisionEncoder:
         encoded = [self._encode(img) for img in images]
         ids: list[int] = []
         placed: list[PlacedImage] = []
-        last = 0
-        for slot, img, enc in zip(slots, images, encoded, strict=True):
+        last = since = 0  # next prompt token to copy; where the text since the last image starts
+        ends = [*slots[1:], len(prompt_ids)]
+        for slot, end, img, enc in zip(slots, ends, images, encoded, strict=True):
             ids.extend(prompt_ids[last:slot])
             n = enc.features.shape[0]
-            tokens, offset = self.family.expansion(n)
-            placed.append(PlacedImage(len(ids) + offset, n, enc.features, img.digest))
-            ids.extend(tokens)
-            last = slot + 1
+            splice = self.family.splice(ids[since:], n, prompt_ids[slot + 1 : end])
+            del ids[len(ids) - splice.drop_before :]
+            placed.append(PlacedImage(len(ids) + splice.offset, n, enc.features, img.digest))
+            ids.extend(splice.tokens)
+            since = len(ids) - len(splice.tokens) + splice.offset + n
+            last = slot + 1 + splice.skip_after
         ids.extend(prompt_ids[last:])
         positions, delta = self.family.positions(ids, encoded)
         return PreparedPrompt(ids, placed, positions, delta)

@@ -23,6 +23,18 @@ class EncodedImage:
     grid: tuple[int, ...]  # the family's layout of the image (Qwen-VL: t, h, w patches)
 
 
+@dataclass(frozen=True)
+class Splice:
+    """An image's placeholder replaced: the last ``drop_before`` tokens before it and the
+    first ``skip_after`` after it go too (re-tokenized into ``tokens``), and the ``n``
+    feature positions start at ``tokens[offset]``."""
+
+    tokens: list[int]
+    offset: int
+    drop_before: int = 0
+    skip_after: int = 0
+
+
 class VisionFamily(Protocol):
     """A vision-language family's image path.
 
@@ -40,9 +52,9 @@ class VisionFamily(Protocol):
         """A PIL RGB image -> its placeholder features (runs the vision tower)."""
         ...
 
-    def expansion(self, n: int) -> tuple[list[int], int]:
-        """The tokens that replace one image's ``placeholder_id`` for ``n`` feature rows,
-        and where in them the ``n`` feature positions start."""
+    def splice(self, before: list[int], n: int, after: list[int]) -> Splice:
+        """How one image's ``placeholder_id`` is replaced for ``n`` feature rows, given
+        the prompt tokens ``before`` it (since the previous image) and ``after`` it."""
         ...
 
     def positions(
@@ -66,8 +78,8 @@ class QwenVLFamily:
         self.placeholder_id = int(vlm.config.image_token_id)
         self.merge = int(vlm.config.vision_config.spatial_merge_size)
 
-    def expansion(self, n: int) -> tuple[list[int], int]:
-        return [self.placeholder_id] * n, 0
+    def splice(self, before: list[int], n: int, after: list[int]) -> Splice:
+        return Splice([self.placeholder_id] * n, 0)
 
     def encode(self, image: Any) -> EncodedImage:
         inputs = self.processor(images=[image], return_tensors="np")
@@ -110,10 +122,15 @@ class Qwen3VLFamily(QwenVLFamily):
 
 class Gemma3Family:
     """gemma3: a fixed-size SigLIP image (``mm_tokens_per_image`` placeholders), the
-    template's ``<start_of_image>`` expanded as Gemma3's processor expands it
+    template's ``<start_of_image>`` expanded as Gemma3's processor expands it in the text
     (``\\n\\n<start_of_image>`` + image tokens + ``<end_of_image>\\n\\n``), features scaled
     by ``1/sqrt(hidden)`` (the text model scales every input embedding by ``sqrt(hidden)``),
-    ordinary positions."""
+    ordinary positions.
+
+    The processor tokenizes the expanded text, where the framing newlines join the
+    newlines around them (Gemma's tokenizer has one token for a run of newlines: the
+    template's ``user\\n`` before an image becomes ``\\n\\n\\n``); so the newline-only
+    tokens next to the placeholder are encoded again together with the framing's."""
 
     explicit_positions = False
     deepstack_layers = 0
@@ -124,12 +141,35 @@ class Gemma3Family:
         self.image_token_id = int(vlm.config.image_token_index)
         self.placeholder_id = int(tokenizer.convert_tokens_to_ids("<start_of_image>"))
         self.end_id = int(tokenizer.convert_tokens_to_ids("<end_of_image>"))
-        self.newlines = list(tokenizer.encode("\n\n", add_special_tokens=False))
+        self.tokenizer = tokenizer
         self.scale = float(vlm.config.hidden_size) ** 0.5
+        self._newline_counts: dict[int, int] = {}
 
-    def expansion(self, n: int) -> tuple[list[int], int]:
-        tokens = [*self.newlines, self.placeholder_id, *[self.image_token_id] * n]
-        return [*tokens, self.end_id, *self.newlines], len(self.newlines) + 1
+    def _newlines_of(self, token: int) -> int:
+        """How many newlines ``token`` is, if it is nothing but newlines (else 0)."""
+        if token not in self._newline_counts:
+            text = self.tokenizer.decode([token])
+            self._newline_counts[token] = len(text) if text and set(text) == {"\n"} else 0
+        return self._newline_counts[token]
+
+    def _newline_run(self, tokens: list[int]) -> tuple[int, int]:
+        """``(tokens, newlines)`` of the newline-only tokens at the start of ``tokens``."""
+        count = newlines = 0
+        for token in tokens:
+            k = self._newlines_of(token)
+            if not k:
+                break
+            count, newlines = count + 1, newlines + k
+        return count, newlines
+
+    def splice(self, before: list[int], n: int, after: list[int]) -> Splice:
+        drop, lead = self._newline_run(before[::-1])
+        skip, trail = self._newline_run(after)
+        encode = self.tokenizer.encode
+        head = list(encode("\n" * (lead + 2), add_special_tokens=False))
+        tail = list(encode("\n" * (trail + 2), add_special_tokens=False))
+        tokens = [*head, self.placeholder_id, *[self.image_token_id] * n, self.end_id, *tail]
+        return Splice(tokens, len(head) + 1, drop, skip)
 
     def encode(self, image: Any) -> EncodedImage:
         inputs = self.processor(images=[image], return_tensors="np")
@@ -157,8 +197,8 @@ class LlavaFamily:
         self.processor = image_processor
         self.placeholder_id = int(vlm.config.image_token_index)
 
-    def expansion(self, n: int) -> tuple[list[int], int]:
-        return [self.placeholder_id] * n, 0
+    def splice(self, before: list[int], n: int, after: list[int]) -> Splice:
+        return Splice([self.placeholder_id] * n, 0)
 
     def encode(self, image: Any) -> EncodedImage:
         vlm = self.vlm
