@@ -9,6 +9,7 @@ import base64
 import http.server
 import io
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -205,9 +206,19 @@ class TestImageErrors:
 
 
 class _PNGHandler(http.server.BaseHTTPRequestHandler):
-    """Serves ``/cat.png`` (one image), ``/big.png`` (over the byte limit), 404 else."""
+    """Serves ``/cat.png`` (one image), ``/big.png`` (over the byte limit),
+    ``/slow.png`` (4 s a byte at a time), 404 else."""
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        if self.path == "/slow.png":  # a byte at a time: each read is quick, the whole is not
+            self.send_response(200)
+            self.send_header("Content-Length", "40")
+            self.end_headers()
+            for _ in range(40):
+                self.wfile.write(b"x")
+                self.wfile.flush()
+                time.sleep(0.1)
+            return
         body = {"/cat.png": URL_PNG, "/big.png": b"x" * 100_000}.get(self.path)
         if body is None:
             self.send_error(404)
@@ -240,7 +251,7 @@ def image_host() -> Iterator[str]:
 @pytest.fixture(scope="module")
 def url_client(dirs: dict[str, Path]) -> Iterator[openai.OpenAI]:
     """A server started with --allow-image-urls."""
-    config = replace(CONFIG, allow_image_urls=True, image_url_timeout=5.0)
+    config = replace(CONFIG, allow_image_urls=True, image_url_timeout=1.0)
     server, _ = serve([ModelDeclaration(str(dirs["vlm"]), ("vlm",))], config)
     try:
         yield openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=300)
@@ -253,7 +264,9 @@ class TestImageURLs:
         got = chat(url_client, image_message(image_host + "/cat.png"))
         assert got.choices[0].message.content == expected(URL_PNG)[0], got
 
-    @pytest.mark.parametrize(("path", "says"), [("/big.png", "bytes"), ("/nope.png", "fetched")])
+    @pytest.mark.parametrize(
+        ("path", "says"), [("/big.png", "bytes"), ("/nope.png", "fetched"), ("/slow.png", "took")]
+    )
     def test_bad_fetches_are_400(self, url_client, image_host, path, says):
         with pytest.raises(openai.BadRequestError) as e:
             chat(url_client, image_message(image_host + path))

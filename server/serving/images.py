@@ -17,6 +17,7 @@ import binascii
 import hashlib
 import io
 import re
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -110,14 +111,26 @@ def _fetch(url: str, config: ServerConfig, param: str) -> bytes:
             return super().redirect_request(req, fp, code, msg, headers, newurl)
 
     opener = urllib.request.build_opener(_HttpOnly)
+    timeout = config.image_url_timeout or None
+    # The socket timeout bounds each read; the deadline bounds the whole fetch (a server
+    # sending a byte at a time would otherwise hold the worker indefinitely).
+    deadline = time.monotonic() + timeout if timeout else None
+    chunks: list[bytes] = []
+    size = 0
     try:
-        with opener.open(url, timeout=config.image_url_timeout) as response:
-            data = response.read(limit + 1 if limit else -1)
+        with opener.open(url, timeout=timeout) as response:
+            while chunk := response.read(64 * 1024):
+                chunks.append(chunk)
+                size += len(chunk)
+                if limit and size > limit:
+                    raise invalid_request(f"{param}: the image is over {limit} bytes", param)
+                if deadline is not None and time.monotonic() > deadline:
+                    raise invalid_request(
+                        f"{param}: the image URL took over {timeout:g} s to fetch", param
+                    )
     except (urllib.error.URLError, OSError, ValueError) as e:
         raise invalid_request(f"{param}: the image URL could not be fetched: {e}", param) from e
-    if limit and len(data) > limit:
-        raise invalid_request(f"{param}: the image is over {limit} bytes", param)
-    return data
+    return b"".join(chunks)
 
 
 def _load(source: ImageSource, config: ServerConfig) -> bytes:
