@@ -123,7 +123,7 @@ class ForwardBatch:
         image_embeddings: the image placeholders of this step's prefill chunks (None: none).
         position_ids: int32 ``[3, B, L]`` explicit M-RoPE positions of every fed token
             (None: a row's positions are ``computed_lens[b] + 0..L-1``); set when a row of
-            the batch has images or a position delta.
+            the batch has M-RoPE images (explicit positions or a position delta).
     """
 
     phase: Literal["prefill", "decode"]

@@ -93,9 +93,9 @@ def _image_embeddings(rows: list[tuple[Request, int]]) -> ImageEmbeddings | None
 
 
 def _position_ids(rows: list[tuple[Request, int]], L: int) -> np.ndarray | None:
-    """Explicit ``[3, B, L]`` positions when a row has images (None: every row's positions
-    are its token indices, which the executor derives itself)."""
-    if all(req.images is None for req, _ in rows):
+    """Explicit ``[3, B, L]`` positions when a row has M-RoPE images (None: every row's
+    positions are its token indices, which the executor derives itself)."""
+    if all(req.images is None or not req.images.explicit for req, _ in rows):
         return None
     positions = np.zeros((3, len(rows), L), np.int32)
     for i, (req, n) in enumerate(rows):

@@ -56,7 +56,8 @@ class EngineClient(Protocol):
         """Queue a request; ``on_output`` gets its events on the engine thread. It reuses
         only prefixes cached by requests of the same ``cache_namespace``. With ``embed``
         the prompt is only run: its one, finished event carries the embedding
-        (``RequestOutput.embedding``).
+        (``RequestOutput.embedding``). ``images`` are a vision model's prompt images (the
+        features of their placeholder tokens, explicit positions).
 
         Raises:
             ValueError: ``grammar`` is invalid; an engine that only embeds (an encoder)

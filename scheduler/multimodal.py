@@ -75,6 +75,11 @@ class MultimodalPrompt:
     restore: Callable[[ImageSpan], np.ndarray] | None = None
     restored: int = 0  # how many times released features were given back
 
+    @property
+    def explicit(self) -> bool:
+        """The positions differ from the token index somewhere."""
+        return self.positions is not None or self.position_delta != 0
+
     def release_before(self, position: int) -> None:
         """Release the features of the images that end at or before ``position`` (the
         prefill has passed them), when they can be restored."""
