@@ -23,6 +23,12 @@ class EncodedImage:
     grid: tuple[int, ...]  # the family's layout of the image (Qwen-VL: t, h, w patches)
 
 
+def _embedding_dtype(vlm: nn.Module) -> mx.Dtype:
+    """The dtype of the text model's input embeddings (what mlx-vlm casts image features
+    to; a quantized embedding's weight is packed, so ask the embedding itself)."""
+    return vlm.language_model.model.embed_tokens(mx.array([0])).dtype
+
+
 @dataclass(frozen=True)
 class Splice:
     """An image's placeholder replaced: the last ``drop_before`` tokens before it and the
@@ -174,7 +180,7 @@ class Gemma3Family:
     def encode(self, image: Any) -> EncodedImage:
         inputs = self.processor(images=[image], return_tensors="np")
         pixels = mx.array(inputs["pixel_values"]).transpose(0, 2, 3, 1)
-        dtype = self.vlm.language_model.model.embed_tokens.weight.dtype
+        dtype = _embedding_dtype(self.vlm)
         hidden, _, _ = self.vlm.vision_tower(pixels.astype(dtype), output_hidden_states=True)
         features = self.vlm.multi_modal_projector(hidden)[0] / self.scale
         return EncodedImage(np.array(features.astype(dtype).astype(mx.float32)), ())
@@ -212,7 +218,7 @@ class LlavaFamily:
         if vlm.vision_feature_select_strategy == "default":
             selected = selected[:, 1:]
         features = vlm.multi_modal_projector(selected)[0]
-        dtype = vlm.language_model.model.embed_tokens.weight.dtype
+        dtype = _embedding_dtype(vlm)
         return EncodedImage(np.array(features.astype(dtype).astype(mx.float32)), ())
 
     def positions(
