@@ -121,6 +121,27 @@ class TestOpenAIChatImages:
         assert got.choices[0].message.content == text, (got.choices[0].message.content, text)
         assert got.usage.prompt_tokens == prompt_len, "the image's placeholders were not expanded"
 
+    def test_n_choices_share_the_image(self, client, expected):
+        png = random_png(12)
+        text, _, _ = expected(png)
+        got = client.chat.completions.create(
+            model="vlm", messages=image_message(png), max_tokens=MAX_TOKENS, temperature=0, n=2
+        )
+        assert [c.message.content for c in got.choices] == [text, text], got.choices
+
+    def test_streamed_answer_equals_mlx_vlm(self, client, expected):
+        png = random_png(13)
+        text, _, _ = expected(png)
+        stream = client.chat.completions.create(
+            model="vlm",
+            messages=image_message(png),
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+            stream=True,
+        )
+        got = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        assert got == text, (got, text)
+
     def test_same_image_hits_the_prefix_cache_and_a_different_one_misses(self, client, expected):
         first, second = random_png(21), random_png(22)
         text, _, image_at = expected(first)
