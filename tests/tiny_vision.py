@@ -260,11 +260,21 @@ def _model_module(model_type: str):
     return importlib.import_module(f"mlx_vlm.models.{model_type}")
 
 
-def build_tiny_vlm(model_type: str, seed: int = 0):
+def _merged(base: dict[str, Any], overrides: dict[str, Any] | None) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in (overrides or {}).items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merged(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def build_tiny_vlm(model_type: str, seed: int = 0, overrides: dict[str, Any] | None = None):
     """The random mlx-vlm model of ``model_type`` in memory, and its config dict."""
     from mlx_vlm.utils import update_module_configs
 
-    config = copy.deepcopy(CONFIGS[model_type])
+    config = _merged(CONFIGS[model_type], overrides)
     module = _model_module(model_type)
     build = copy.deepcopy(config)
     build.setdefault("text_config", {})
@@ -281,20 +291,29 @@ def build_tiny_vlm(model_type: str, seed: int = 0):
         weights[embed] = weights[embed] * (TIED_EMBED_STD / float(weights[embed].std()))
         del weights["language_model.lm_head.weight"]
         weights = model.language_model.sanitize(weights)
-        weights["language_model.model.norm.weight"] = mx.full((64,), HEAD_GAIN)
+        norm = "language_model.model.norm.weight"
+        weights[norm] = mx.full(weights[norm].shape, HEAD_GAIN)
     model.load_weights(list(weights.items()))
     model.eval()
     mx.eval(model.parameters())
     return model, config
 
 
-def build_tiny_vlm_dir(model_type: str, path: Path, seed: int = 0) -> Path:
-    """Write a loadable mlx-vlm directory for ``model_type`` at ``path``."""
+def build_tiny_vlm_dir(
+    model_type: str,
+    path: Path,
+    seed: int = 0,
+    overrides: dict[str, Any] | None = None,
+    processor_overrides: dict[str, Any] | None = None,
+) -> Path:
+    """Write a loadable mlx-vlm directory for ``model_type`` at ``path`` (``overrides``
+    merged into its config, ``processor_overrides`` into its processor config: larger
+    models for benchmarks)."""
     from tokenizers import Tokenizer
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    model, config = build_tiny_vlm(model_type, seed)
+    model, config = build_tiny_vlm(model_type, seed, overrides)
     mx.save_safetensors(
         str(path / "model.safetensors"),
         dict(tree_flatten(model.parameters())),
@@ -314,6 +333,7 @@ def build_tiny_vlm_dir(model_type: str, path: Path, seed: int = 0) -> Path:
         "chat_template": _chat_template(image_text),
     }
     (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
+    processor = _merged(processor, processor_overrides)
     (path / "preprocessor_config.json").write_text(json.dumps(processor, indent=2))
     return path
 
