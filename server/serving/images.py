@@ -119,7 +119,7 @@ def _fetch(url: str, config: ServerConfig, param: str) -> bytes:
     size = 0
     try:
         with opener.open(url, timeout=timeout) as response:
-            while chunk := response.read(64 * 1024):
+            while chunk := response.read1(64 * 1024):
                 chunks.append(chunk)
                 size += len(chunk)
                 if limit and size > limit:
