@@ -63,6 +63,18 @@ class TestLoading:
         assert vlm.vision is not None, "a vision model directory loaded without its encoder"
         assert vlm.kind == "decoder", vlm.kind
 
+    def test_an_unsupported_family_loads_through_mlx_lm(self, tmp_path):
+        import json
+
+        from tests.tiny_models import build_tiny_model_dir
+
+        path = build_tiny_model_dir("llama", tmp_path / "llama-with-vision")
+        config = json.loads((path / "config.json").read_text())
+        (path / "config.json").write_text(json.dumps({**config, "vision_config": {}}))
+        (path / "preprocessor_config.json").write_text("{}")
+        loaded = load_model(str(path))
+        assert loaded.vision is None, "a family without image support got a vision encoder"
+
 
 class TestBatchedImagesMatchMlxVlm:
     """Image and text-only requests in one batch, prefilled in chunks that end inside an
