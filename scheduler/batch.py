@@ -76,6 +76,16 @@ class SamplingArrays:
 
 
 @dataclass(frozen=True)
+class ImageEmbeddings:
+    """Input embeddings that replace the token embeddings at some ``(row, column)`` of
+    ``input_ids``: the vision features of the image placeholders a prefill chunk feeds."""
+
+    rows: np.ndarray  # int32 [K]
+    columns: np.ndarray  # int32 [K]
+    features: np.ndarray  # float32 [K, hidden]
+
+
+@dataclass(frozen=True)
 class ForwardBatch:
     """A padded batch of rows; row ``b`` feeds ``extend_lens[b]`` new tokens.
 
@@ -110,6 +120,10 @@ class ForwardBatch:
         embed_rows: bool [B], rows of embedding requests whose prompt ends in this step:
             the forward returns the final hidden state of their last position instead of a
             token (None: no such row). When every row is one, nothing is sampled.
+        image_embeddings: the image placeholders of this step's prefill chunks (None: none).
+        position_ids: int32 ``[3, B, L]`` explicit M-RoPE positions of every fed token
+            (None: a row's positions are ``computed_lens[b] + 0..L-1``); set when a row of
+            the batch has M-RoPE images (explicit positions or a position delta).
     """
 
     phase: Literal["prefill", "decode"]
@@ -130,6 +144,8 @@ class ForwardBatch:
     state_snapshots: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.int32))
     row_groups: tuple[np.ndarray, ...] = ()
     embed_rows: np.ndarray | None = None
+    image_embeddings: ImageEmbeddings | None = None
+    position_ids: np.ndarray | None = None
 
     @property
     def batch_size(self) -> int:

@@ -6,7 +6,8 @@ from collections.abc import Collection
 
 import numpy as np
 
-from mlxserve.scheduler.batch import ForwardBatch
+from mlxserve.scheduler.batch import ForwardBatch, ImageEmbeddings
+from mlxserve.scheduler.multimodal import chunk_images
 from mlxserve.scheduler.request import Request
 from mlxserve.scheduler.row_groups import plan_decode_groups, plan_row_groups
 from mlxserve.scheduler.sampling_arrays import build_sampling_arrays
@@ -74,7 +75,41 @@ def build_forward_batch(
         if packed
         else _row_groups(extend_lens, ends, sliding_start, spaces, ragged_attention),
         embed_rows=embed_rows if embed_rows.any() else None,
+        image_embeddings=_image_embeddings(rows),
+        position_ids=_position_ids(rows, L),
     )
+
+
+def _image_embeddings(rows: list[tuple[Request, int]]) -> ImageEmbeddings | None:
+    """The image placeholders the rows' chunks feed, with their vision features."""
+    found = []
+    for i, (req, n) in enumerate(rows):
+        if req.images is None or n == 1 and req.computed_len >= req.prompt_len:
+            continue
+        chunk = chunk_images(req.images, req.computed_len, n)
+        if chunk is not None:
+            found.append((i, chunk))
+    if not found:
+        return None
+    return ImageEmbeddings(
+        rows=np.concatenate([np.full(len(c.columns), i, np.int32) for i, c in found]),
+        columns=np.concatenate([c.columns for _, c in found]),
+        features=np.concatenate([c.features for _, c in found]),
+    )
+
+
+def _position_ids(rows: list[tuple[Request, int]], L: int) -> np.ndarray | None:
+    """Explicit ``[3, B, L]`` positions when a row has M-RoPE images (None: every row's
+    positions are its token indices, which the executor derives itself)."""
+    if all(req.images is None or not req.images.explicit for req, _ in rows):
+        return None
+    positions = np.zeros((3, len(rows), L), np.int32)
+    for i, (req, n) in enumerate(rows):
+        if req.images is None:
+            positions[:, i, :n] = np.arange(req.computed_len, req.computed_len + n)
+        else:
+            positions[:, i, :n] = req.images.positions_of(req.computed_len, n)
+    return positions
 
 
 def _row_groups(

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from mlxserve.scheduler.constraints import Constraint, GrammarSpec
+from mlxserve.scheduler.multimodal import MultimodalPrompt
 from mlxserve.scheduler.outputs import FinishReason, RequestOutput
 from mlxserve.scheduler.sampling_params import SamplingParams
 from mlxserve.scheduler.stats import EngineStats, StatsObserver
@@ -50,11 +51,13 @@ class EngineClient(Protocol):
         constraint: Constraint | None = None,
         cache_namespace: str = "",
         embed: bool = False,
+        images: MultimodalPrompt | None = None,
     ) -> None:
         """Queue a request; ``on_output`` gets its events on the engine thread. It reuses
         only prefixes cached by requests of the same ``cache_namespace``. With ``embed``
         the prompt is only run: its one, finished event carries the embedding
-        (``RequestOutput.embedding``).
+        (``RequestOutput.embedding``). ``images`` are a vision model's prompt images (the
+        features of their placeholder tokens, explicit positions).
 
         Raises:
             ValueError: ``grammar`` is invalid; an engine that only embeds (an encoder)

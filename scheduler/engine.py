@@ -22,6 +22,7 @@ from mlxserve.scheduler.constraints import Constraint, ConstraintCompiler, Gramm
 from mlxserve.scheduler.executor import Executor
 from mlxserve.scheduler.inbox import AbortRequest, AddRequest, ExecutorLost, InboxMessage, Wake
 from mlxserve.scheduler.memory_plan import MemoryPlan, PoolRequest
+from mlxserve.scheduler.multimodal import MultimodalPrompt
 from mlxserve.scheduler.outputs import ExecutorFailed, FinishReason, RequestOutput
 from mlxserve.scheduler.request import Request
 from mlxserve.scheduler.sampling_params import SamplingParams
@@ -135,6 +136,7 @@ class Engine:
         constraint: Constraint | None = None,
         cache_namespace: str = "",
         embed: bool = False,
+        images: MultimodalPrompt | None = None,
     ) -> None:
         """Queue a request. ``on_output`` is called from the engine thread with each step's
         new tokens; exactly one call has ``finished=True``.
@@ -150,6 +152,8 @@ class Engine:
                 through the prefix cache) and never sampled; its one event, finished,
                 carries the final hidden state of the prompt's last position
                 (``RequestOutput.embedding``). ``params`` are then ignored.
+            images: the prompt's images (a vision model's): the features that replace the
+                embeddings of their placeholder tokens, and explicit positions.
 
         Raises:
             ValueError: ``grammar`` is invalid (the message says why), or given to an
@@ -169,6 +173,7 @@ class Engine:
             constraint=constraint,
             cache_namespace=cache_namespace,
             embed=embed,
+            images=images,
         )
         with self._unfinished_lock:
             self._unfinished += 1

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mlxserve.scheduler.constraints import Constraint
+from mlxserve.scheduler.multimodal import MultimodalPrompt
 from mlxserve.scheduler.outputs import RequestOutput, TokenLogprob
 from mlxserve.scheduler.sampling_params import SamplingParams
 from mlxserve.scheduler.stats import RequestStats
@@ -82,6 +83,8 @@ class Request:
     # An embedding request: its prompt is prefilled and never sampled; it finishes when the
     # prompt is in, with the final hidden state of its last position.
     embed: bool = False
+    # The prompt's images (vision models): their features and placeholder positions.
+    images: MultimodalPrompt | None = None
     _ids_array: np.ndarray | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -112,10 +115,12 @@ class Request:
         return self.params.max_tokens - self.output_len
 
     def all_ids(self) -> np.ndarray:
-        """``prompt + output`` as int32 (cached until the sequence grows: the prefix cache
-        compares it against the tree and other requests every step a request waits)."""
+        """``prompt + output`` as int32, the prefix cache's key (cached until the sequence
+        grows: the prefix cache compares it against the tree and other requests every step
+        a request waits). An image's placeholders carry its content's key instead."""
         if self._ids_array is None or len(self._ids_array) != self.seq_len:
-            self._ids_array = np.array(self.prompt_ids + self.output_ids, np.int32)
+            ids = np.array(self.prompt_ids + self.output_ids, np.int32)
+            self._ids_array = ids if self.images is None else self.images.cache_ids(ids)
         return self._ids_array
 
     def token_ids(self, start: int, end: int) -> list[int]:

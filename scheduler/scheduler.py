@@ -316,6 +316,8 @@ class Scheduler:
             self.spaces.trim_window(req)
             if batch.phase == "prefill" and i >= self._decode_in_flight:
                 self.cache.chunk_done(req)
+                if req.images is not None:
+                    req.images.release_before(req.computed_len)
             record_prompt_logprobs(req, out.prompt_logprobs, i)
             if not batch.sample_rows[i]:
                 continue

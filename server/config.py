@@ -104,6 +104,13 @@ class ServerConfig:
             first (0: none kept).
         webui: serve the built-in chat page at / (its files under /webui/); --no-webui
             turns it off (404).
+        allow_image_urls: fetch http(s) image URLs of vision requests (off: only inline
+            data: URLs and base64 images; a URL is a 400).
+        max_images_per_request: most images one request may carry (more: 400).
+        max_image_bytes: largest encoded image, inline or fetched (larger: 400).
+        max_image_pixels: most pixels (width x height, summed over its images) one request
+            may carry (more: 400).
+        image_url_timeout: seconds an image URL may take to fetch (longer: 400).
     """
 
     host: str = "127.0.0.1"
@@ -131,6 +138,11 @@ class ServerConfig:
     model_ttl: float = 0.0
     responses_store_size: int = 1000
     webui: bool = True
+    allow_image_urls: bool = False
+    max_images_per_request: int = 8
+    max_image_bytes: int = 10 * 1024 * 1024
+    max_image_pixels: int = 16 * 1024 * 1024
+    image_url_timeout: float = 10.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -142,6 +154,9 @@ class ServerConfig:
             "max_connections",
             "max_loaded_models",
             "responses_store_size",
+            "max_images_per_request",
+            "max_image_bytes",
+            "max_image_pixels",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -151,6 +166,7 @@ class ServerConfig:
             "header_timeout",
             "body_timeout",
             "model_ttl",
+            "image_url_timeout",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")

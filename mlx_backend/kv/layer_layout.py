@@ -125,9 +125,27 @@ class LayerLayout:
         return sum(s.state.bytes_per_slot for s in self.recurrent)
 
 
+# mlx-vlm's language models make caches of mlx-vlm's own classes, of the same contract as
+# mlx-lm's namesakes (checked by the vision tests against mlx-vlm's own generation).
+_VLM_CACHES = {"KVCache": "full", "RotatingKVCache": "sliding"}
+
+
+def _vlm_kind(cache) -> str | None:
+    if type(cache).__module__ != "mlx_vlm.models.cache":
+        return None
+    return _VLM_CACHES.get(type(cache).__name__)
+
+
 def _classify(cache) -> CacheSpec:
     # NOTE: exact types, not isinstance: a subclass (QuantizedKVCache, ChunkedKVCache, ...)
     # has other semantics and must be refused rather than silently run as its parent.
+    vlm_kind = _vlm_kind(cache)
+    if vlm_kind == "full":
+        return CacheSpec("full")
+    if vlm_kind == "sliding":
+        if getattr(cache, "keep", 0):
+            raise NotImplementedError("RotatingKVCache with keep > 0 is not supported")
+        return CacheSpec("sliding", window=cache.max_size)
     if type(cache) is KVCache:
         return CacheSpec("full")
     if type(cache) is RotatingKVCache:

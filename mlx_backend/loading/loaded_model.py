@@ -20,6 +20,8 @@ class LoadedModel:
         kind: "decoder" (an mlx-lm model, served by the engine) or "encoder" (an
             mlx-embeddings model: ``model(input_ids, attention_mask=...)``, embeddings only).
         pooling: how an encoder's output is pooled (``encoders.POOLING_MODES``).
+        vision: a vision model's ``VisionEncoder`` (images -> placeholder features);
+            None for a text-only model.
     """
 
     model: Any
@@ -29,3 +31,4 @@ class LoadedModel:
     context_length: int = 2048
     kind: Literal["decoder", "encoder"] = "decoder"
     pooling: str | None = None
+    vision: Any = None

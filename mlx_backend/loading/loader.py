@@ -160,9 +160,16 @@ def _load_gguf(path: str, model_id: str, keep_quantized: bool) -> LoadedModel:
 
 def _load_dir(path: str, model_id: str, task: str = "generate") -> LoadedModel:
     from mlxserve.mlx_backend.loading.encoders import encoder_model_type, load_encoder
+    from mlxserve.mlx_backend.loading.vision import load_vision_model, vision_model_type
 
     if task == "embed" and encoder_model_type(path) is not None:
         return load_encoder(path, model_id)
+    vision_type = vision_model_type(path) if task != "embed" else None
+    if vision_type is not None:
+        try:
+            return load_vision_model(path, model_id, vision_type)
+        except Exception as e:  # noqa: BLE001 - any failure to load is the user's error
+            raise ModelLoadError(f"Cannot load vision model directory {path}: {e}") from e
     try:
         model, tokenizer, config = _load_mlx_lm_dir(path, task)
     except Exception as e:  # noqa: BLE001 - any failure to load is the user's one-line error

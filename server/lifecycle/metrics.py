@@ -79,6 +79,8 @@ class Metrics:
         self._families: _Families | None = None
         self._engines = _EngineCollector()
         self.registry.register(self._engines)
+        self._vision = _VisionCollector()
+        self.registry.register(self._vision)
         reg = self.registry
         self._loads = Counter(
             PREFIX + "model_loads", "Models loaded.", ["model_name"], registry=reg
@@ -99,16 +101,22 @@ class Metrics:
         model_name: str,
         max_model_len: int,
         engine_stats: Callable[[], EngineStats | None],
+        vision: Any = None,
     ) -> ModelMetrics:
-        """Start exporting a loaded model; returns its engine's observer."""
+        """Start exporting a loaded model (and its vision encoder's counts: an object with
+        ``images_encoded``, ``cache_hits`` and ``encoder_seconds``); returns its engine's
+        observer."""
         if self._families is None:
             self._families = _Families(self.registry, max_model_len)
         self._engines.models[model_name] = engine_stats
+        if vision is not None:
+            self._vision.models[model_name] = vision
         return ModelMetrics(self._families, model_name)
 
     def remove_model(self, model_name: str) -> None:
         """Stop exporting an unloaded model's engine state."""
         self._engines.models.pop(model_name, None)
+        self._vision.models.pop(model_name, None)
 
     def model_loaded(self, model_name: str, seconds: float) -> None:
         self._loads.labels(model_name).inc()
@@ -260,6 +268,28 @@ class _EngineCollector(Collector):
             for model_name, stats in models:
                 family.add_metric([model_name], value_of(stats))
             yield family
+
+
+class _VisionCollector(Collector):
+    """The vision encoder's counters of every loaded vision model, read on scrape."""
+
+    def __init__(self) -> None:
+        self.models: dict[str, Any] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        models = list(self.models.items())
+        for name, doc, attribute in _VISION_FAMILIES:
+            family = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
+            for model_name, vision in models:
+                family.add_metric([model_name], float(getattr(vision, attribute)))
+            yield family
+
+
+_VISION_FAMILIES = (
+    ("images_processed", "Images run through the vision encoder.", "images_encoded"),
+    ("vision_encoder_seconds", "Seconds the vision encoder ran.", "encoder_seconds"),
+    ("vision_cache_hits", "Images whose features the vision cache already held.", "cache_hits"),
+)
 
 
 # (family, name, help, the value in a snapshot) of every engine-state series.

@@ -169,7 +169,9 @@ class EngineModelLoader:
         info = model_info(loaded, declaration)
         served = ServedModel(info, engine, model_config_of(declaration, name), name=name)
         self._keys[served] = key
-        engine.observer = self.metrics.add_model(name, served.context_length, engine.stats)
+        engine.observer = self.metrics.add_model(
+            name, served.context_length, engine.stats, served.vision
+        )
         self.metrics.model_loaded(name, time.monotonic() - started)
         progress.begin("ready")
         logger.info(
@@ -186,6 +188,8 @@ class EngineModelLoader:
         self.metrics.remove_model(model.name)
         self.metrics.model_unloaded(model.name)
         model.engine.shutdown()
+        if model.vision is not None:
+            model.vision.close()
         key = self._keys.pop(model, None)
         if key is not None:
             self.shared.release(key)
@@ -231,6 +235,7 @@ def model_info(loaded: LoadedModel, declaration: ModelDeclaration) -> ModelInfo:
         task=declaration.task,
         embedding_dims=dims,
         matryoshka_dims=matryoshka,
+        vision=loaded.vision,
     )
 
 

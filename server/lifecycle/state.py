@@ -100,9 +100,12 @@ class ServerState:
             loaded.tokenizer,
             loaded.context_length,
             int(loaded.config.get("vocab_size") or 0),
+            vision=loaded.vision,
         )
         model = ServedModel(info, engine, self.model_config)
-        engine.observer = self.metrics.add_model(model.name, model.context_length, engine.stats)
+        engine.observer = self.metrics.add_model(
+            model.name, model.context_length, engine.stats, model.vision
+        )
         self.metrics_ready = True
         self.models.add(model)  # last: the gate takes a served model to mean "ready"
         self.progress.finish()

@@ -33,6 +33,8 @@ class ModelInfo:
         embedding_dims: the length of its embeddings (its hidden size; 0: not known).
         matryoshka_dims: the shorter lengths its embeddings may be cut to (Matryoshka
             representations): None for none, ``()`` for any, else those only.
+        vision: a vision model's encoder (``submit(prompt_ids, images)`` -> a future of
+            the prepared prompt); None: the model takes no images.
     """
 
     model_id: str
@@ -42,6 +44,7 @@ class ModelInfo:
     task: Task = "generate"
     embedding_dims: int = 0
     matryoshka_dims: tuple[int, ...] | None = None
+    vision: Any = None
 
 
 @dataclass(eq=False)
@@ -103,6 +106,11 @@ class ServedModel:
     @property
     def matryoshka_dims(self) -> tuple[int, ...] | None:
         return self.info.matryoshka_dims
+
+    @property
+    def vision(self) -> Any:
+        """The model's vision encoder (None: it takes no images)."""
+        return self.info.vision
 
     @property
     def context_length(self) -> int:

@@ -103,6 +103,7 @@ class Admission:
                 keep_output=keep_output,
                 constraint=_matcher_of_choice(spec.constraint, i),
                 cache_namespace=spec.cache_namespace,
+                images=spec.images,
             )
             for i, choice_params in enumerate(params)
         ]

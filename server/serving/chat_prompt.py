@@ -14,7 +14,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from mlxserve.scheduler.constraints import GrammarSpec
+from mlxserve.scheduler.multimodal import MultimodalPrompt
+from mlxserve.server.config import ServerConfig
 from mlxserve.server.serving.conversation import render_chat
+from mlxserve.server.serving.images import prepare_images, take_images
 from mlxserve.server.serving.offload import offload
 from mlxserve.server.serving.output_constraint import OutputConstraint, request_constraint
 from mlxserve.server.serving.reasoning import prompt_opens_reasoning
@@ -29,6 +32,9 @@ class ChatTarget(Protocol):
     @property
     def tokenizer(self) -> Any: ...
 
+    @property
+    def vision(self) -> Any: ...
+
     def check_text_fits(self, text: Any, param: str) -> None: ...
 
 
@@ -42,6 +48,8 @@ class ChatPrompt:
         tools: the tool plan (parsing the default format when calls are constrained).
         constraint: the one output constraint to compile (None: unconstrained).
         in_reasoning: the prompt opened the model's reasoning (the output starts in it).
+        images: the prompt's images, encoded, with ``ids`` expanded over their
+            placeholders (None: no images).
     """
 
     text: str
@@ -49,6 +57,7 @@ class ChatPrompt:
     tools: ToolPlan
     constraint: OutputConstraint | None
     in_reasoning: bool
+    images: MultimodalPrompt | None = None
 
 
 async def render_chat_prompt(
@@ -59,6 +68,7 @@ async def render_chat_prompt(
     *,
     continue_final_message: bool = False,
     template_kwargs: dict[str, Any] | None = None,
+    config: ServerConfig | None = None,
 ) -> ChatPrompt:
     """Render ``conversation`` for ``target`` with its tools and constraints, on a worker
     thread (``offload.py``), after refusing text that cannot fit the context.
@@ -71,12 +81,14 @@ async def render_chat_prompt(
         continue_final_message: leave the final assistant message open (prefill) instead
             of opening a new assistant turn.
         template_kwargs: extra template variables (e.g. the reasoning switch).
+        config: the server's image limits (``serving/images.py``; None: the defaults).
 
     Raises:
-        APIError: 400 for a template that rejects the conversation, or constraints that
-            do not go together.
+        APIError: 400 for a template that rejects the conversation, constraints that do
+            not go together, or images the model or the limits refuse.
     """
     constraint, tools = request_constraint(constraints, tools)
+    conversation, sources = take_images(conversation)
     target.check_text_fits([conversation, tools.prompt_tools], "messages")
     text, ids = await offload(
         render_chat,
@@ -87,5 +99,6 @@ async def render_chat_prompt(
         template_kwargs=template_kwargs,
         tools=tools.prompt_tools,
     )
+    ids, images = await prepare_images(target.vision, ids, sources, config or ServerConfig())
     in_reasoning = target.reasoning and prompt_opens_reasoning(text)
-    return ChatPrompt(text, ids, tools, constraint, in_reasoning)
+    return ChatPrompt(text, ids, tools, constraint, in_reasoning, images)

@@ -32,6 +32,7 @@ from typing import Any
 
 from mlxserve.scheduler.client import EngineClient
 from mlxserve.scheduler.constraints import Constraint
+from mlxserve.scheduler.multimodal import MultimodalPrompt
 from mlxserve.scheduler.outputs import RequestOutput
 from mlxserve.scheduler.sampling_params import SamplingParams
 from mlxserve.server.serving.detokenizer import IncrementalDetokenizer
@@ -127,8 +128,10 @@ class Generation:
         keep_output: bool = True,
         constraint: Constraint | None = None,
         cache_namespace: str = "",
+        images: MultimodalPrompt | None = None,
     ) -> None:
         self.engine = engine
+        self.images = images
         self.request_id = request_id
         self.prompt_ids = prompt_ids
         self.params = params
@@ -167,6 +170,8 @@ class Generation:
             self._on_output,
             constraint=self.constraint,
             cache_namespace=self.cache_namespace,
+            # Only a vision request names its images (other engines need not know them).
+            **({} if self.images is None else {"images": self.images}),
         )
         if self._timeout:
             self._timer = self._loop.call_later(self._timeout, self._on_timeout)

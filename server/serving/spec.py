@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mlxserve.scheduler.constraints import Constraint
+from mlxserve.scheduler.multimodal import MultimodalPrompt
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ class GenerationSpec:
         cache_namespace: the prefix-cache namespace (``cache_namespace.py``; "": shared).
         response_id: the id the response gets (None: ``{kind}-{random hex}``); for
             protocols whose ids look otherwise (``msg_...``, ``resp_...``).
+        images: the prompt's images, encoded (``serving/images.py``; None: text only).
     """
 
     kind: str
@@ -77,3 +79,4 @@ class GenerationSpec:
     constraint: Constraint | None = None
     cache_namespace: str = ""
     response_id: str | None = None
+    images: MultimodalPrompt | None = None

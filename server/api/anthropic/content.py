@@ -1,11 +1,12 @@
 """Anthropic's message content blocks, as pydantic models.
 
-Served: ``text``, ``tool_use``, ``tool_result`` (content a string or text blocks,
-``is_error``), ``thinking`` and ``redacted_thinking`` (replayed from earlier answers). The
-other block types the SDK defines (``image``, ``document``, ``search_result``, server tool
-blocks, ...) are a 400 naming the block; unknown types too. Fields the SDK defines that
-mean nothing here (``cache_control``, ``citations``, ``caller``, ``toolset_name``) are
-accepted and ignored.
+Served: ``text``, ``image`` (user messages; a ``base64`` source, or a ``url`` one that
+the server fetches only with ``--allow-image-urls``), ``tool_use``, ``tool_result``
+(content a string or text blocks, ``is_error``), ``thinking`` and ``redacted_thinking``
+(replayed from earlier answers). The other block types the SDK defines (``document``,
+``search_result``, server tool blocks, ...) are a 400 naming the block; unknown types
+too. Fields the SDK defines that mean nothing here (``cache_control``, ``citations``,
+``caller``, ``toolset_name``) are accepted and ignored.
 """
 
 from __future__ import annotations
@@ -41,6 +42,23 @@ class ToolUseBlock(_Model):
     cache_control: CacheControl | None = None
     caller: dict[str, Any] | None = None
     toolset_name: str | None = None
+
+
+class Base64ImageSource(_Model):
+    type: Literal["base64"]
+    media_type: Literal["image/jpeg", "image/png", "image/gif", "image/webp"]
+    data: str
+
+
+class URLImageSource(_Model):
+    type: Literal["url"]
+    url: str
+
+
+class ImageBlock(_Model):
+    type: Literal["image"]
+    source: Annotated[Base64ImageSource | URLImageSource, Field(discriminator="type")]
+    cache_control: CacheControl | None = None
 
 
 def text_blocks(value: Any) -> Any:
@@ -79,14 +97,13 @@ class RedactedThinkingBlock(_Model):
 
 
 ContentBlock = Annotated[
-    TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock,
+    TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock,
     Field(discriminator="type"),
 ]
 
-_SERVED = frozenset({"text", "tool_use", "tool_result", "thinking", "redacted_thinking"})
+_SERVED = frozenset({"text", "image", "tool_use", "tool_result", "thinking", "redacted_thinking"})
 # Defined by Anthropic, not served (yet): named in the error.
 _UNSERVED = {
-    "image": "image blocks need a vision model, which this server does not serve yet",
     "document": "document blocks are not supported",
     "search_result": "search_result blocks are not supported",
     "container_upload": "container_upload blocks need Anthropic's code execution",

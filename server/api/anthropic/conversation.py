@@ -2,7 +2,8 @@
 (``server/serving/conversation.py``), and Anthropic's tools -> the neutral tool plan.
 
 - ``system`` (a string or text blocks) is the first system message.
-- A user message's text blocks are one user message; each ``tool_result`` block is a
+- A user message's text and image blocks are one user message (images as image parts,
+  ``server/serving/images.py``); each ``tool_result`` block is a
   ``tool`` message (``tool_call_id`` its ``tool_use_id``), in the order of the blocks.
 - An assistant message's text is its content, its ``tool_use`` blocks its ``tool_calls``
   (``input`` as the arguments object), its ``thinking`` blocks its ``reasoning_content``.
@@ -15,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from mlxserve.server.api.anthropic.content import (
+    ImageBlock,
     RedactedThinkingBlock,
     TextBlock,
     ThinkingBlock,
@@ -30,6 +32,7 @@ from mlxserve.server.api.anthropic.schemas import (
     ToolChoiceTool,
 )
 from mlxserve.server.http.errors import invalid_request
+from mlxserve.server.serving.images import ImageSource, image_part
 from mlxserve.server.serving.tool_parsers import ToolFormat
 from mlxserve.server.serving.tool_plan import NamedTool, ToolChoice, ToolPlan, ToolSpec, plan_tools
 
@@ -57,19 +60,46 @@ def _assistant(message: MessageParam, index: int) -> dict[str, Any]:
     return out
 
 
+def _image_source(block: ImageBlock, where: str) -> ImageSource:
+    source = block.source
+    if source.type == "base64":
+        return ImageSource(where, data=source.data)
+    try:
+        return ImageSource.of_url(source.url, where)
+    except ValueError as e:
+        raise invalid_request(str(e), where) from e
+
+
+def _content(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    """Text parts joined with newlines, or (with an image among them) the parts, adjacent
+    text parts joined the same way."""
+    if all(p["type"] == "text" for p in parts):
+        return "\n".join(p["text"] for p in parts)
+    out: list[dict[str, Any]] = []
+    for part in parts:
+        if part["type"] == "text" and out and out[-1]["type"] == "text":
+            out[-1] = {"type": "text", "text": out[-1]["text"] + "\n" + part["text"]}
+        else:
+            out.append(part)
+    return out
+
+
 def _user_or_system(message: MessageParam, index: int) -> list[dict[str, Any]]:
     role = message.role
     out: list[dict[str, Any]] = []
-    texts: list[str] = []
+    parts: list[dict[str, Any]] = []
 
     def flush_text() -> None:
-        if texts:
-            out.append({"role": role, "content": "\n".join(texts)})
-            texts.clear()
+        if parts:
+            out.append({"role": role, "content": _content(parts)})
+            parts.clear()
 
     for j, block in enumerate(message.content):
         if isinstance(block, TextBlock):
-            texts.append(block.text)
+            parts.append({"type": "text", "text": block.text})
+        elif isinstance(block, ImageBlock) and role == "user":
+            where = f"messages[{index}].content[{j}]"
+            parts.append(image_part(_image_source(block, where)))
         elif isinstance(block, ToolResultBlock) and role == "user":
             flush_text()
             out.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": block.text()})
@@ -83,6 +113,24 @@ def _user_or_system(message: MessageParam, index: int) -> list[dict[str, Any]]:
     return out
 
 
+def _parts(content: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    if isinstance(content, list):
+        return content
+    return [{"type": "text", "text": content}] if content else []
+
+
+def _joined(
+    first: str | list[dict[str, Any]], second: str | list[dict[str, Any]]
+) -> str | list[dict[str, Any]]:
+    """Two turns' contents as one, a blank line between their texts."""
+    if isinstance(first, str) and isinstance(second, str):
+        return "\n\n".join(c for c in (first, second) if c)
+    a, b = _parts(first), _parts(second)
+    if a and b:
+        a = [*a, {"type": "text", "text": "\n\n"}]
+    return a + b
+
+
 def _merge(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Consecutive user, system or assistant messages as one (tool results stay apart)."""
     merged: list[dict[str, Any]] = []
@@ -91,7 +139,7 @@ def _merge(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if last is None or last["role"] != turn["role"] or turn["role"] == "tool":
             merged.append(dict(turn))
             continue
-        last["content"] = "\n\n".join(c for c in (last["content"], turn["content"]) if c)
+        last["content"] = _joined(last["content"], turn["content"])
         if "tool_calls" in turn:
             last["tool_calls"] = [*last.get("tool_calls", []), *turn["tool_calls"]]
         if "reasoning_content" in turn:

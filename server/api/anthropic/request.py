@@ -12,6 +12,7 @@ import uuid
 from mlxserve.scheduler.constraints import Constraint, GrammarSpec
 from mlxserve.server.api.anthropic.conversation import conversation_of, tool_plan_of
 from mlxserve.server.api.anthropic.schemas import CountTokensRequest, MessagesRequest
+from mlxserve.server.config import ServerConfig
 from mlxserve.server.models.served_model import ServedModel
 from mlxserve.server.serving.cache_namespace import cache_namespace
 from mlxserve.server.serving.chat_prompt import ChatPrompt, render_chat_prompt
@@ -19,8 +20,11 @@ from mlxserve.server.serving.reasoning_switch import reasoning_template_kwargs
 from mlxserve.server.serving.spec import GenerationSpec, SamplingSpec
 
 
-async def prompt_of(model: ServedModel, body: CountTokensRequest) -> ChatPrompt:
-    """Render the request's conversation, tools and output format for ``model``.
+async def prompt_of(
+    model: ServedModel, body: CountTokensRequest, config: ServerConfig | None = None
+) -> ChatPrompt:
+    """Render the request's conversation, tools and output format for ``model`` (its
+    images checked against ``config``'s limits and encoded).
 
     Raises:
         APIError: 400 for a conversation, tools or format that do not go together.
@@ -41,6 +45,7 @@ async def prompt_of(model: ServedModel, body: CountTokensRequest) -> ChatPrompt:
         constraints,
         continue_final_message=prefill,
         template_kwargs=switch,
+        config=config,
     )
 
 
@@ -66,4 +71,5 @@ def generation_spec(
         constraint=constraint,
         response_id=new_message_id(),
         cache_namespace=cache_namespace(tenant, None),
+        images=prompt.images,
     )

@@ -30,7 +30,7 @@ def add_anthropic_routes(app: FastAPI, models: ModelRegistry, admission: Admissi
     @app.post("/v1/messages", response_model=None)
     async def messages(body: MessagesRequest, request: Request) -> Any:
         async with models.use(body.model) as m:
-            prompt = await prompt_of(m, body)
+            prompt = await prompt_of(m, body, admission.config)
             constraint = prompt.constraint
             compiled = (
                 None if constraint is None else await compile_constraint(m.engine, constraint)
@@ -45,4 +45,4 @@ def add_anthropic_routes(app: FastAPI, models: ModelRegistry, admission: Admissi
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(body: CountTokensRequest) -> dict[str, int]:
         async with models.use(body.model) as m:
-            return {"input_tokens": len((await prompt_of(m, body)).ids)}
+            return {"input_tokens": len((await prompt_of(m, body, admission.config)).ids)}

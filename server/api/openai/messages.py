@@ -3,9 +3,12 @@
 
 Roles: system (and "developer", its newer name), user, assistant and tool. ``content`` is a
 string or a list of text parts (``{"type": "text", "text": ...}``, joined with newlines);
-other part types are refused by name. Assistant messages may carry ``tool_calls`` (their
-JSON ``arguments`` are handed to the template as objects, as vLLM does, since most
-templates ``tojson`` them) and ``reasoning_content``; tool messages need ``tool_call_id``.
+a user message may also hold ``image_url`` parts (``data:`` URLs, or http(s) URLs the
+server fetches only with ``--allow-image-urls``), kept as a list of text and image parts
+(``server/serving/images.py``); other part types are refused by name. Assistant messages
+may carry ``tool_calls`` (their JSON ``arguments`` are handed to the template as objects,
+as vLLM does, since most templates ``tojson`` them) and ``reasoning_content``; tool
+messages need ``tool_call_id``.
 
 """
 
@@ -16,6 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from mlxserve.server.http.json_body import JSONHazard, strict_json_text
+from mlxserve.server.serving.images import ImageSource, image_part
 
 
 class _Model(BaseModel):
@@ -60,19 +64,44 @@ class ToolCall(_Model):
         }
 
 
-def _text_of_parts(value: list[Any]) -> str:
-    texts = []
-    for part in value:
+def _image_of_part(part: dict[str, Any], index: int) -> dict[str, Any]:
+    image_url = part.get("image_url")
+    if isinstance(image_url, str):  # some clients send the URL itself
+        image_url = {"url": image_url}
+    if (
+        set(part) - {"type", "image_url"}
+        or not isinstance(image_url, dict)
+        or not isinstance(image_url.get("url"), str)
+        or set(image_url) - {"url", "detail"}
+    ):
+        raise ValueError(
+            "an image_url content part is {'type': 'image_url', 'image_url': {'url': "
+            "string, 'detail': 'auto' | 'low' | 'high'}}."
+        )
+    return image_part(ImageSource.of_url(image_url["url"], f"messages.content[{index}]"))
+
+
+def _content_of_parts(value: list[Any], images: bool) -> str | list[dict[str, Any]]:
+    """Text parts joined with newlines, or (with an image among them) the list of text and
+    image parts."""
+    parts: list[dict[str, Any]] = []
+    for index, part in enumerate(value):
         if not isinstance(part, dict) or not isinstance(part.get("type"), str):
             raise ValueError("each content part must be an object with a 'type'.")
+        if part["type"] == "image_url" and images:
+            parts.append(_image_of_part(part, index))
+            continue
         if part["type"] != "text":
+            allowed = "'text' and 'image_url'" if images else "'text'"
             raise ValueError(
-                f"content parts of type '{part['type']}' are not supported; only 'text'."
+                f"content parts of type '{part['type']}' are not supported here; only {allowed}."
             )
         if not isinstance(part.get("text"), str) or set(part) - {"type", "text"}:
             raise ValueError("a text content part is {'type': 'text', 'text': string}.")
-        texts.append(part["text"])
-    return "\n".join(texts)
+        parts.append({"type": "text", "text": part["text"]})
+    if all(p["type"] == "text" for p in parts):
+        return "\n".join(p["text"] for p in parts)
+    return parts
 
 
 # /openapi.json's description of ``content`` (typed Any: ``_content_text`` checks it).
@@ -81,10 +110,31 @@ _CONTENT_SCHEMAS = [
     {
         "type": "array",
         "items": {
-            "type": "object",
-            "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
-            "required": ["type", "text"],
-            "additionalProperties": False,
+            "anyOf": [
+                {
+                    "type": "object",
+                    "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+                    "required": ["type", "text"],
+                    "additionalProperties": False,
+                },
+                {
+                    "type": "object",
+                    "properties": {
+                        "type": {"const": "image_url"},
+                        "image_url": {
+                            "type": "object",
+                            "properties": {
+                                "url": {"type": "string"},
+                                "detail": {"enum": ["auto", "low", "high"]},
+                            },
+                            "required": ["url"],
+                            "additionalProperties": False,
+                        },
+                    },
+                    "required": ["type", "image_url"],
+                    "additionalProperties": False,
+                },
+            ]
         },
     },
     {"type": "null"},
@@ -135,7 +185,7 @@ class ChatMessage(_Model):
 
     @field_validator("content")
     @classmethod
-    def _content_text(cls, value: Any, info: ValidationInfo) -> str:
+    def _content_text(cls, value: Any, info: ValidationInfo) -> str | list[dict[str, Any]]:
         if value is None:
             if info.data.get("role") == "assistant":
                 return ""  # e.g. a message with only tool_calls
@@ -144,7 +194,7 @@ class ChatMessage(_Model):
             return value
         if not isinstance(value, list):
             raise ValueError("'content' must be a string or a list of content parts.")
-        return _text_of_parts(value)
+        return _content_of_parts(value, images=info.data.get("role") == "user")
 
     @model_validator(mode="after")
     def _role_fields(self) -> ChatMessage:

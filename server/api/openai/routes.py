@@ -10,6 +10,7 @@ shape (``sse.py`` / ``answer.py``).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -30,6 +31,7 @@ from mlxserve.server.models.served_model import ServedModel
 from mlxserve.server.serving.admission import Admission
 from mlxserve.server.serving.choices import Choices
 from mlxserve.server.serving.conversation import continuation_mode, render_chat
+from mlxserve.server.serving.images import prepare_images, take_images
 from mlxserve.server.serving.offload import offload
 from mlxserve.server.serving.output_constraint import compile_constraint, request_constraint
 from mlxserve.server.serving.prompts import completion_prompt_ids
@@ -79,7 +81,7 @@ async def submit_chat(
     )
     tools = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, m.tool_format)
     constraint, tools = request_constraint(output_constraints(body), tools)
-    conversation = conversation_of(body.messages)
+    conversation, images = take_images(conversation_of(body.messages))
     m.check_text_fits([conversation, tools.prompt_tools], "messages")
     prompt_text, prompt_ids = await offload(
         render_chat,
@@ -90,6 +92,7 @@ async def submit_chat(
         template_kwargs=body.chat_template_kwargs,
         tools=tools.prompt_tools,
     )
+    prompt_ids, mm = await prepare_images(m.vision, prompt_ids, images, admission.config)
     in_reasoning = m.reasoning and prompt_opens_reasoning(prompt_text)
     texts = m.token_texts if body.logprobs else None
 
@@ -98,7 +101,7 @@ async def submit_chat(
 
     compiled = None if constraint is None else await compile_constraint(m.engine, constraint)
     spec = generation_spec(body, "chatcmpl", prompt_ids, "messages", compiled, tenant_of(request))
-    return admission.submit(m, spec), shaper
+    return admission.submit(m, replace(spec, images=mm)), shaper
 
 
 async def submit_completion(

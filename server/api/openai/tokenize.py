@@ -31,6 +31,7 @@ from mlxserve.server.http.errors import invalid_request
 from mlxserve.server.models.registry import ModelRegistry
 from mlxserve.server.models.served_model import ServedModel
 from mlxserve.server.serving.conversation import continuation_mode, render_chat
+from mlxserve.server.serving.images import take_images
 from mlxserve.server.serving.offload import offload
 
 
@@ -93,9 +94,16 @@ def _tokenize(ctx: ServedModel, body: TokenizeRequest) -> list[int]:
     add_generation_prompt, continue_final = continuation_mode(
         body.messages[-1].role, body.add_generation_prompt, body.continue_final_message
     )
+    conversation, images = take_images(conversation_of(body.messages))
+    if images:
+        raise invalid_request(
+            "/tokenize does not take images: their token counts come from the vision "
+            "encoder; see the usage of a chat request.",
+            images[0].param,
+        )
     _, ids = render_chat(
         ctx.tokenizer,
-        conversation_of(body.messages),
+        conversation,
         add_generation_prompt=add_generation_prompt,
         continue_final_message=continue_final,
         template_kwargs=body.chat_template_kwargs,

@@ -17,6 +17,8 @@ import json
 from typing import Any
 
 from mlxserve.server.api.openai.responses.schemas import FunctionChoice, ResponsesRequest
+from mlxserve.server.http.errors import invalid_request
+from mlxserve.server.serving.images import ImageSource, image_part
 from mlxserve.server.serving.tool_parsers import ToolFormat
 from mlxserve.server.serving.tool_plan import NamedTool, ToolChoice, ToolPlan, ToolSpec, plan_tools
 
@@ -24,6 +26,26 @@ from mlxserve.server.serving.tool_plan import NamedTool, ToolChoice, ToolPlan, T
 def _message_text(item: dict[str, Any]) -> str:
     parts = [p.get("text", p.get("refusal", "")) for p in item["content"]]
     return "\n".join(parts)
+
+
+def _message_content(item: dict[str, Any]) -> str | list[dict[str, Any]]:
+    """A user message's text, or (with images) its text and image parts, adjacent texts
+    joined with newlines as ``_message_text`` joins them."""
+    if not any(p["type"] == "input_image" for p in item["content"]):
+        return _message_text(item)
+    out: list[dict[str, Any]] = []
+    for j, part in enumerate(item["content"]):
+        if part["type"] == "input_image":
+            where = f"input.{item['id']}.content[{j}]"
+            try:
+                out.append(image_part(ImageSource.of_url(part["image_url"], where)))
+            except ValueError as e:
+                raise invalid_request(str(e), where) from e
+        elif out and out[-1]["type"] == "text":
+            out[-1] = {"type": "text", "text": out[-1]["text"] + "\n" + part.get("text", "")}
+        else:
+            out.append({"type": "text", "text": part.get("text", part.get("refusal", ""))})
+    return out
 
 
 def _arguments(text: str) -> Any:
@@ -56,7 +78,7 @@ def conversation_of(instructions: str | None, items: list[dict[str, Any]]) -> li
             if role == "assistant":
                 assistant_turn(_message_text(item))
             else:
-                out.append({"role": role, "content": _message_text(item)})
+                out.append({"role": role, "content": _message_content(item)})
         elif kind == "function_call":
             call = {
                 "id": item["call_id"],

@@ -3,8 +3,10 @@
 ``input`` is a string (one user message) or a list of items:
 
 - ``message`` (``type`` may be left out): ``role`` user / system / developer / assistant,
-  ``content`` a string or parts: ``input_text``, ``output_text``, ``refusal``
-  (``input_image``, ``input_file`` and ``input_audio`` are a 400 until vision exists);
+  ``content`` a string or parts: ``input_text``, ``output_text``, ``refusal``,
+  ``input_image`` (user messages; ``image_url`` a ``data:`` URL, or an http(s) URL the
+  server fetches only with ``--allow-image-urls``; ``input_file``, ``input_audio`` and
+  ``file_id`` images are a 400);
 - ``function_call`` (``call_id``, ``name``, ``arguments``): a call the model made;
 - ``function_call_output`` (``call_id``, ``output`` a string or text parts);
 - ``reasoning`` (``summary``, ``content``): the model's earlier reasoning;
@@ -23,6 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from mlxserve.server.http.errors import invalid_request
+from mlxserve.server.serving.images import ImageSource
 
 Status = Literal["in_progress", "completed", "incomplete"]
 
@@ -44,10 +47,16 @@ class RefusalPart(_Model):
     refusal: str
 
 
+class ImagePart(_Model):
+    type: Literal["input_image"]
+    image_url: str
+    detail: Literal["auto", "low", "high"] = "auto"
+
+
 class MessageItem(_Model):
     type: Literal["message"] = "message"
     role: Literal["user", "system", "developer", "assistant"]
-    content: str | list[TextPart | RefusalPart]
+    content: str | list[TextPart | RefusalPart | ImagePart]
     id: str | None = None
     status: Status | None = None
     phase: Literal["commentary", "final_answer"] | None = None
@@ -106,7 +115,7 @@ _ITEMS: dict[str, type[_Model]] = {
     "reasoning": ReasoningItem,
     "item_reference": ItemReference,
 }
-_VISION_PARTS = ("input_image", "input_file", "input_audio")
+_VISION_PARTS = ("input_file", "input_audio")
 
 
 def new_item_id(prefix: str) -> str:
@@ -126,13 +135,24 @@ def _check_parts(value: dict[str, Any], index: int) -> None:
     parts = value.get("output") if value.get("type") == "function_call_output" else parts
     for j, part in enumerate(parts if isinstance(parts, list) else []):
         kind = part.get("type") if isinstance(part, dict) else None
+        field = "content" if value.get("type", "message") == "message" else "output"
+        where = f"input[{index}].{field}[{j}]"
         if kind in _VISION_PARTS:
-            field = "content" if value.get("type", "message") == "message" else "output"
             raise invalid_request(
-                f"input[{index}].{field}[{j}] is an '{kind}' part: images, files and audio "
-                "need a multimodal model, which this server does not serve yet.",
-                f"input[{index}].{field}[{j}]",
+                f"{where} is an '{kind}' part: files and audio are not supported.", where
             )
+        if kind == "input_image":
+            if value.get("role") != "user" or field != "content":
+                raise invalid_request(f"{where}: images belong to user messages.", where)
+            if not isinstance(part.get("image_url"), str):
+                raise invalid_request(
+                    f"{where}: an input_image needs an 'image_url' (file_id is not supported).",
+                    where,
+                )
+            try:
+                ImageSource.of_url(part["image_url"], where)
+            except ValueError as e:
+                raise invalid_request(f"{e} (an input_image part)", where) from e
 
 
 def parse_item(value: Any, index: int) -> _Model:
@@ -170,6 +190,8 @@ def _text_parts(parts: str | list[Any], part_type: str) -> list[dict[str, Any]]:
     for part in parts:
         if isinstance(part, RefusalPart):
             out.append({"type": "refusal", "refusal": part.refusal})
+        elif isinstance(part, ImagePart):
+            out.append({"type": "input_image", "image_url": part.image_url, "detail": part.detail})
         elif part.type == "output_text":
             out.append({"type": "output_text", "text": part.text, "annotations": []})
         else:

@@ -21,6 +21,7 @@ from mlxserve.server.api.openai.responses.schemas import (
     TextFormatJsonSchema,
 )
 from mlxserve.server.api.openai.responses.store import StoredResponse
+from mlxserve.server.config import ServerConfig
 from mlxserve.server.http.errors import invalid_request
 from mlxserve.server.models.served_model import ServedModel
 from mlxserve.server.serving.cache_namespace import cache_namespace
@@ -79,8 +80,14 @@ def _constraints(body: ResponsesRequest) -> list[tuple[GrammarSpec, str]]:
     return []
 
 
-async def prompt_of(model: ServedModel, body: ResponsesRequest, given: ResponseInput) -> ChatPrompt:
-    """Render the request's conversation, tools and text format for ``model``.
+async def prompt_of(
+    model: ServedModel,
+    body: ResponsesRequest,
+    given: ResponseInput,
+    config: ServerConfig | None = None,
+) -> ChatPrompt:
+    """Render the request's conversation, tools and text format for ``model`` (its images
+    checked against ``config``'s limits and encoded).
 
     Raises:
         APIError: 400 for a conversation, tools or format that do not go together.
@@ -92,7 +99,7 @@ async def prompt_of(model: ServedModel, body: ResponsesRequest, given: ResponseI
     effort = body.reasoning.effort if body.reasoning is not None else None
     switch = reasoning_template_kwargs(model.tokenizer, None, effort)
     return await render_chat_prompt(
-        model, conversation, tools, _constraints(body), template_kwargs=switch
+        model, conversation, tools, _constraints(body), template_kwargs=switch, config=config
     )
 
 
@@ -113,4 +120,5 @@ def generation_spec(
         constraint=constraint,
         response_id=response_id,
         cache_namespace=cache_namespace(tenant, None),
+        images=prompt.images,
     )

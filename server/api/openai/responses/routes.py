@@ -66,7 +66,7 @@ def add_responses_routes(
                 raise _not_found(body.previous_response_id)
         given = resolve_input(body.input, previous)
         async with models.use(body.model) as m:
-            prompt = await prompt_of(m, body, given)
+            prompt = await prompt_of(m, body, given, admission.config)
             constraint = prompt.constraint
             compiled = (
                 None if constraint is None else await compile_constraint(m.engine, constraint)
