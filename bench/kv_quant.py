@@ -88,13 +88,19 @@ def slots(layout: Any, budget_bytes: int) -> dict[str, Any]:
     return out
 
 
-def speed(loaded: Any, requests: int, max_tokens: int, timeout_s: float) -> dict:
-    """Step times of every pool and attention path over the same batches."""
+def speed(
+    loaded: Any,
+    requests: int,
+    max_tokens: int,
+    timeout_s: float,
+    paths: tuple[str, ...] = ("folded", "dequantize", "quantized-sdpa"),
+) -> dict:
+    """Step times of the float pool and of every quantized pool and attention path of
+    ``paths`` over the same batches (each step runs every configuration)."""
     from mlxserve.scheduler.config import EngineConfig
     from mlxserve.scheduler.engine import Engine
     from mlxserve.scheduler.sampling_params import SamplingParams
 
-    paths = ("folded", "dequantize", "quantized-sdpa")
     configs = [(None, None)] + [(b, p) for b in (8, 4) for p in paths]
     fan = FanOutExecutor(loaded, configs, GROUP_SIZE)
     slots = requests * 512
@@ -175,6 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parts", default="slots,speed,quality,loglik,long")
     p.add_argument("--budget-mib", type=float, default=1024.0, help="budget of the slots part")
     p.add_argument("--requests", type=int, default=32)
+    p.add_argument(
+        "--paths",
+        default="folded,dequantize,quantized-sdpa",
+        help="quantized attention paths the speed part compares with the float pool",
+    )
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--long-budget-mib", type=float, default=192.0)
     p.add_argument("--long-prompt-tokens", type=int, default=4000)
@@ -201,7 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     command = ".venv/bin/python -m bench.kv_quant " + " ".join(argv or sys.argv[1:])
     runs = {
         "slots": lambda: slots(probe_layout(loaded.model), int(args.budget_mib * 2**20)),
-        "speed": lambda: speed(loaded, args.requests, args.max_tokens, args.timeout),
+        "speed": lambda: speed(
+            loaded, args.requests, args.max_tokens, args.timeout, tuple(args.paths.split(","))
+        ),
         "quality": lambda: quality(loaded, args.requests, args.max_tokens, args.timeout),
         "loglik": lambda: loglik(loaded),
         "mlx_lm_quality": lambda: mlx_lm_quality(loaded, args.requests, args.max_tokens),
