@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,13 @@ class EngineConfig:
         seed: seed of the engine's sampling RNG.
         disable_prefix_cache: recompute every prompt instead of reusing the K/V (and
             recurrent state) of earlier requests that share a prefix with it.
+        speculative_method: propose tokens for decoding rows, verified in the same forward
+            ("ngram": prompt lookup over the request's own prompt and output; "off": none).
+            The output is exactly the model's (greedy: token for token).
+        num_speculative_tokens: the most tokens proposed for a row in one step.
+        prompt_lookup_min: the shortest suffix n-gram the ngram method looks up.
+        prompt_lookup_max: the longest suffix n-gram the ngram method looks up (longer
+            ones are tried first).
     """
 
     max_total_tokens: int = 0
@@ -30,6 +38,10 @@ class EngineConfig:
     kv_memory_bytes: int = 0
     seed: int = 0
     disable_prefix_cache: bool = False
+    speculative_method: Literal["off", "ngram"] = "off"
+    num_speculative_tokens: int = 3
+    prompt_lookup_min: int = 2
+    prompt_lookup_max: int = 4
 
     def __post_init__(self) -> None:
         if self.max_total_tokens < 0:
@@ -40,5 +52,14 @@ class EngineConfig:
             raise ValueError(f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
         if self.kv_memory_bytes < 0:
             raise ValueError(f"kv_memory_bytes must be >= 0, got {self.kv_memory_bytes}")
+        if not 1 <= self.num_speculative_tokens <= 16:
+            raise ValueError(
+                f"num_speculative_tokens must be in [1, 16], got {self.num_speculative_tokens}"
+            )
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ValueError(
+                "need 1 <= prompt_lookup_min <= prompt_lookup_max, got "
+                f"{self.prompt_lookup_min} and {self.prompt_lookup_max}"
+            )
         if not 0 < self.mem_fraction <= 1:
             raise ValueError(f"mem_fraction must be in (0, 1], got {self.mem_fraction}")

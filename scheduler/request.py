@@ -82,6 +82,12 @@ class Request:
     # An embedding request: its prompt is prefilled and never sampled; it finishes when the
     # prompt is in, with the final hidden state of its last position.
     embed: bool = False
+    # Speculative decoding (``speculation.py``): the tokens proposed for the step in flight
+    # (fed after the row's last token, not part of the output until verified), the row's
+    # recent acceptance rate, and the steps the policy passed it over in a row.
+    draft_ids: list[int] = field(default_factory=list)
+    draft_acceptance: float = 0.5
+    draft_skipped: int = 0
     _ids_array: np.ndarray | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
