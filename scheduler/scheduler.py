@@ -13,6 +13,7 @@ from mlxserve.scheduler.batch import ForwardBatch, ForwardOutput
 from mlxserve.scheduler.batch_builder import build_forward_batch
 from mlxserve.scheduler.config import EngineConfig
 from mlxserve.scheduler.constraints import GrammarDeadEnd, TokenMasks
+from mlxserve.scheduler.events import make_event
 from mlxserve.scheduler.logprob_events import record_prompt_logprobs, with_logprobs
 from mlxserve.scheduler.memory_plan import MemoryPlan
 from mlxserve.scheduler.outputs import FinishReason, RequestOutput
@@ -38,7 +39,9 @@ class Scheduler:
     request whose prompt is fully in the pool). While both kinds of work exist the two
     alternate, so a long prompt arriving never stalls running streams for more than one
     chunk, and a prefill step that runs between decode steps is sized by a time budget
-    (``step_budget.py``) so that it delays the decoding streams by a bounded factor.
+    (``step_budget.py``) so that it delays the decoding streams by a bounded factor. With
+    speculative decoding a decoding row may feed its token plus proposals
+    (``speculation.py``); ``process`` keeps what verification accepts.
 
     For models with recurrent layers every row of a prefill step feeds the same number of
     tokens: a padding token must never enter a recurrent state, and unmodified model code
@@ -427,25 +430,7 @@ class Scheduler:
             self._release(req, keep=False)
         return failed
 
-    @staticmethod
-    def make_event(
-        req: Request,
-        tokens: list[int],
-        reason: FinishReason | None,
-        error: str | None = None,
-        invalid: bool = False,
-    ) -> RequestOutput:
-        return RequestOutput(
-            request_id=req.request_id,
-            new_token_ids=tokens,
-            finished=reason is not None,
-            finish_reason=reason,
-            error=error,
-            invalid_request=invalid,
-            prompt_tokens=req.prompt_len,
-            completion_tokens=req.output_len,
-            cached_tokens=req.prefix_hit_len or 0,
-        )
+    make_event = staticmethod(make_event)
 
     # ----------------------------------------------------------------- slots
     def _alloc_slots(self, req: Request, n: int) -> None:

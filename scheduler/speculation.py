@@ -138,18 +138,20 @@ class Speculator:
             cap = min(self.k, req.remaining_tokens - 1, self.max_context_len - req.seq_len - 1)
             if cap <= 0 or not self.eligible(req):
                 continue
-            draft = propose_ngram(req.all_ids(), self.min_n, self.max_n, cap)
+            probe = req.draft_acceptance * (ratio + tokens) <= expected
+            if probe and req.draft_skipped + 1 < PROBE_AFTER_STEPS:
+                req.draft_skipped += 1  # not worth it even as the first proposal
+                continue
+            draft = propose_ngram(req.all_ids(), self.min_n, self.max_n, 1 if probe else cap)
             if draft:
-                candidates.append((req, draft))
+                candidates.append((req, draft, probe))
         candidates.sort(key=lambda c: -c[0].draft_acceptance)
         given = 0
-        for req, draft in candidates:
+        for req, draft, probe in candidates:
             alpha = req.draft_acceptance
-            if alpha * (ratio + tokens) <= expected:
+            if not probe and alpha * (ratio + tokens) <= expected:
                 req.draft_skipped += 1
-                if req.draft_skipped < PROBE_AFTER_STEPS:
-                    continue
-                draft = draft[:1]
+                continue
             draft = draft[: slots - given]
             if not draft:
                 break

@@ -356,3 +356,48 @@ class TestSmolLM2:
         assert reasons == [f.finish_reason for f in want_finals], reasons
         stats = spec_stats(engine)
         assert stats.num_accepted_tokens >= 20, f"copying should be accepted: {stats}"
+
+
+def _decoding(i: int, acceptance: float):
+    from mlxserve.scheduler.request import Request
+    from mlxserve.scheduler.sampling_params import SamplingParams
+
+    req = Request(str(i), [1, 2, 3, 1, 2, 3, 1, 2], SamplingParams(max_tokens=50), lambda e: None)
+    req.output_ids = [3]
+    req.draft_acceptance = acceptance
+    return req
+
+
+class TestPolicy:
+    def speculator(self):
+        from mlxserve.scheduler.config import EngineConfig
+
+        return speculation.Speculator(EngineConfig(speculative_method="ngram"), 512)
+
+    def test_batch_one_proposes_at_low_acceptance_a_big_batch_does_not(self):
+        spec = self.speculator()
+        [alone] = rows = [_decoding(0, 0.2)]
+        assert spec.propose(rows, 100, len(rows)) == 3 and alone.draft_ids == [1, 2, 3]
+        rows = [_decoding(i, 0.2) for i in range(32)]
+        assert spec.propose(rows, 1000, len(rows)) == 0, "batch 32 at 20% should not speculate"
+        rows[0].draft_acceptance = 0.95
+        assert spec.propose(rows, 1000, len(rows)) == 3, "a row accepting nearly all should"
+
+    def test_a_passed_over_row_is_probed_with_one_token(self):
+        spec = self.speculator()
+        rows = [_decoding(i, 0.05) for i in range(32)]
+        given = [spec.propose(rows, 1000, len(rows)) for _ in range(speculation.PROBE_AFTER_STEPS)]
+        assert given[:-1] == [0] * (len(given) - 1) and given[-1] == 32, given
+        assert all(r.draft_ids == [1] for r in rows), "a probe proposes one token"
+
+    def test_slots_bound_the_proposals(self):
+        spec = self.speculator()
+        rows = [_decoding(i, 0.9) for i in range(4)]
+        assert spec.propose(rows, 5, len(rows)) == 5, "only the free slots may be proposed"
+
+    def test_step_cost_fit(self):
+        cost = speculation.StepCost()
+        assert cost.overhead_tokens == speculation.FORWARD_OVERHEAD_TOKENS, "no data: the prior"
+        for n in [1, 2, 4, 6, 8, 3, 5, 7, 1, 4]:
+            cost.observe(n, 0.1 + 0.004 * n)  # a = 25 tokens' worth
+        assert abs(cost.overhead_tokens - 25.0) < 0.5, cost.overhead_tokens
