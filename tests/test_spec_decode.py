@@ -16,7 +16,7 @@ import math
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import Collector, NoEosTokenizer, greedy_reference, submit
+from conftest import Collector, NoEosTokenizer, gather_attention, greedy_reference, submit
 from tiny_models import build_tiny_model
 
 from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
@@ -94,6 +94,17 @@ class TestGreedyExact:
         assert greedy_reference(tiny_llama.model, PROMPTS[1], 48) == want[1], "mlx-lm oracle"
         stats = spec_stats(engine)
         assert stats.num_drafts > 0 and stats.num_accepted_tokens > 0, f"no speculation: {stats}"
+
+    def test_gather_attention_path(self, tiny_llama, make_engine, monkeypatch, references):
+        """Without the native op rows are padded, not packed: a row with proposals runs
+        like a prefill chunk in its own row group."""
+        gather_attention(monkeypatch)
+        oracle = Oracle(PROMPTS, references, wrong_at={4, 11})
+        engine = oracle_engine(make_engine, tiny_llama, monkeypatch, oracle)
+        assert not engine.plan.packed, "the gather path should not pack"
+        got, _ = run(engine, PROMPTS, max_tokens=40, temperature=0.0)
+        assert got == references, "padded verification changed the output"
+        assert spec_stats(engine).num_accepted_tokens > 60
 
     def test_sliding_window_model(self, make_engine):
         model, _ = build_tiny_model("gemma3_text")
