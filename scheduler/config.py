@@ -40,7 +40,7 @@ class EngineConfig:
     disable_prefix_cache: bool = False
     speculative_method: Literal["off", "ngram"] = "off"
     num_speculative_tokens: int = 3
-    prompt_lookup_min: int = 2
+    prompt_lookup_min: int = 3
     prompt_lookup_max: int = 4
 
     def __post_init__(self) -> None:

@@ -27,7 +27,8 @@ grammar constraints (the matcher advances token by token), ``min_tokens`` not ye
 The adaptive policy (``SpeculationPolicy``): a forward costs ``a + b x tokens`` (measured on
 this backend, ``StepCost``), so a proposal of ``D`` tokens from a row whose recent
 acceptance rate is ``alpha`` adds ``b D`` seconds for ``alpha D`` expected tokens. It is
-worth it while ``alpha`` beats the step's current tokens per unit of cost: at batch 1 almost
+worth it while ``alpha`` beats the step's current tokens per unit of cost (with a margin,
+``GAIN_MARGIN``): at batch 1 almost
 any proposal pays (the forward's fixed cost dominates), at batch 32 on the CPU only rows that
 accept most of what they are given are proposed for.
 """
@@ -47,12 +48,16 @@ from mlxserve.scheduler.row_groups import FORWARD_OVERHEAD_TOKENS
 
 logger = logging.getLogger(__name__)
 
-# Weight of the newest verification in a row's acceptance rate.
-ACCEPTANCE_SMOOTHING = 0.3
-# A row's acceptance rate before its first verification (optimistic: one try is cheap).
-INITIAL_ACCEPTANCE = 0.5
-# A row the policy passed over this many steps in a row gets a one-token probe, so a
-# request whose text turns repetitive later is noticed.
+# A row's acceptance rate is (accepted + 1) / (proposed + 2) over its recent proposals,
+# each older verification's counts weighted down by this factor: one lucky one-token probe
+# moves it less than a fully accepted run, and a fresh row starts at 1/2.
+ACCEPTANCE_DECAY = 0.7
+# Proposals must promise this much more than they cost: the cost fit is noisy on a loaded
+# CPU, and in a batch whose rows all decode to max_tokens a row's accepted tokens save a
+# step only when the slowest row's do too.
+GAIN_MARGIN = 1.25
+# A row the policy passed over this many steps in a row (or a row never verified) gets a
+# one-token probe, so a request whose text turns repetitive later is noticed.
 PROBE_AFTER_STEPS = 16
 # Decode steps remembered for the cost fit.
 COST_SAMPLES = 64
@@ -138,8 +143,9 @@ class Speculator:
             cap = min(self.k, req.remaining_tokens - 1, self.max_context_len - req.seq_len - 1)
             if cap <= 0 or not self.eligible(req):
                 continue
-            probe = req.draft_acceptance * (ratio + tokens) <= expected
-            if probe and req.draft_skipped + 1 < PROBE_AFTER_STEPS:
+            probe = req.draft_acceptance * (ratio + tokens) <= GAIN_MARGIN * expected
+            fresh = req.draft_weights[1] == 0
+            if probe and not fresh and req.draft_skipped + 1 < PROBE_AFTER_STEPS:
                 req.draft_skipped += 1  # not worth it even as the first proposal
                 continue
             draft = propose_ngram(req.all_ids(), self.min_n, self.max_n, 1 if probe else cap)
@@ -149,7 +155,7 @@ class Speculator:
         given = 0
         for req, draft, probe in candidates:
             alpha = req.draft_acceptance
-            if not probe and alpha * (ratio + tokens) <= expected:
+            if not probe and alpha * (ratio + tokens) <= GAIN_MARGIN * expected:
                 req.draft_skipped += 1
                 continue
             draft = draft[: slots - given]
@@ -177,8 +183,11 @@ class Speculator:
         s.num_accepted_tokens += m
         for j in range(m):
             s.accepted_per_pos[j] += 1
-        rate = m / k
-        req.draft_acceptance += ACCEPTANCE_SMOOTHING * (rate - req.draft_acceptance)
+        accepted, proposed = req.draft_weights
+        accepted = ACCEPTANCE_DECAY * accepted + m
+        proposed = ACCEPTANCE_DECAY * proposed + k
+        req.draft_weights = (accepted, proposed)
+        req.draft_acceptance = (accepted + 1) / (proposed + 2)
         return [int(t) for t in sampled[: m + 1]]
 
 

@@ -376,6 +376,7 @@ def _decoding(i: int, acceptance: float):
     req = Request(str(i), [1, 2, 3, 1, 2, 3, 1, 2], SamplingParams(max_tokens=50), lambda e: None)
     req.output_ids = [3]
     req.draft_acceptance = acceptance
+    req.draft_weights = (acceptance * 10, 10.0)  # a history of proposals behind the rate
     return req
 
 
@@ -393,6 +394,9 @@ class TestPolicy:
         assert spec.propose(rows, 1000, len(rows)) == 0, "batch 32 at 20% should not speculate"
         rows[0].draft_acceptance = 0.95
         assert spec.propose(rows, 1000, len(rows)) == 3, "a row accepting nearly all should"
+        rows = [_decoding(i, 0.2) for i in range(32)]
+        rows[0].draft_weights = (0.0, 0.0)
+        assert spec.propose(rows, 1000, len(rows)) == 1, "a fresh row is probed at once"
 
     def test_a_passed_over_row_is_probed_with_one_token(self):
         spec = self.speculator()
