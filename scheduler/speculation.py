@@ -79,7 +79,11 @@ class StepCost:
     Only the ratio ``a / b`` matters to the policy (in tokens: what the fixed part of a
     forward is worth). It is identifiable only when steps fed different token counts; until
     then (and whenever the fit is not sane) the row-group cost model's
-    ``FORWARD_OVERHEAD_TOKENS`` stands in.
+    ``FORWARD_OVERHEAD_TOKENS`` stands in (SmolLM2-135M on this 2-CPU VM: a one-token
+    forward ~115-150 ms, each further token ~6.5-9 ms). The fit is kept within a factor
+    of 2 of that: on a loaded CPU the thread count and the neighbours change a step's time
+    by more than the tokens do (measured, ``docs/benchmarks.md``: fits from 0.8 to 13 ms a
+    token in one run), and an outlier fit must not turn the policy on or off.
     """
 
     def __init__(self) -> None:
@@ -96,7 +100,8 @@ class StepCost:
             if n.std() >= 1.0:
                 b, a = np.polyfit(n, t, 1)
                 if b > 0 and a > 0:
-                    return float(min(max(a / b, 1.0), 512.0))
+                    low, high = FORWARD_OVERHEAD_TOKENS / 2, FORWARD_OVERHEAD_TOKENS * 2
+                    return float(min(max(a / b, low), high))
         return float(FORWARD_OVERHEAD_TOKENS)
 
 

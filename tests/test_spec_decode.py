@@ -416,3 +416,6 @@ class TestPolicy:
         for n in [1, 2, 4, 6, 8, 3, 5, 7, 1, 4]:
             cost.observe(n, 0.1 + 0.004 * n)  # a = 25 tokens' worth
         assert abs(cost.overhead_tokens - 25.0) < 0.5, cost.overhead_tokens
+        for n in [1, 2, 4, 6, 8, 3, 5, 7, 1, 4] * 7:
+            cost.observe(n, 0.1 + 0.0001 * n)  # tokens nearly free: a noisy outlier
+        assert cost.overhead_tokens == 2 * speculation.FORWARD_OVERHEAD_TOKENS, "not clamped"
