@@ -64,8 +64,9 @@ def _chat_ids(tokenizer: Any, text: str) -> list[int]:
     return list(ids)
 
 
-def run_one(loaded: Any, prompts: list[list[int]], concurrency: int, method: str,
-            max_tokens: int, k: int) -> dict[str, Any]:  # fmt: skip
+def run_one(
+    loaded: Any, prompts: list[list[int]], concurrency: int, method: str, max_tokens: int, k: int
+) -> dict[str, Any]:
     """Serve ``prompts`` at most ``concurrency`` at a time on a fresh engine."""
     import numpy as np
 
@@ -91,7 +92,7 @@ def run_one(loaded: Any, prompts: list[list[int]], concurrency: int, method: str
         steps.append(
             (batch.phase, batch.batch_size, batch.num_tokens, spec, time.perf_counter() - start)
         )
-        return out  # noqa: E501
+        return out
 
     engine.executor.forward = timed_forward
     tokens: dict[str, list[int]] = {}

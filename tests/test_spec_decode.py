@@ -16,12 +16,12 @@ import math
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import Collector, NoEosTokenizer, gather_attention, greedy_reference, submit
-from tiny_models import build_tiny_model
 
 from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
 from mlxserve.scheduler import speculation
 from mlxserve.scheduler.ngram import propose_ngram
+from tests.conftest import Collector, NoEosTokenizer, gather_attention, greedy_reference, submit
+from tests.tiny_models import build_tiny_model
 
 # Prompts that repeat themselves (the n-gram proposer finds matches) of different lengths.
 PROMPTS = [
@@ -57,8 +57,9 @@ class Oracle:
             if ids[: len(prompt)] == prompt and len(ids) >= len(prompt):
                 start = len(ids) - len(prompt)
                 draft = out[start : start + k]
-                return [(t + 1) % 256 if start + j in self.wrong_at else t for j, t in
-                        enumerate(draft)]  # fmt: skip
+                return [
+                    (t + 1) % 256 if start + j in self.wrong_at else t for j, t in enumerate(draft)
+                ]
         return []
 
 
@@ -149,8 +150,9 @@ class TestAcceptedRuns:
         ref = references[2]
         stop = next(t for i, t in enumerate(ref) if i >= 6 and t not in ref[:i])
         cut = ref.index(stop)
-        got, finals = run(engine, [PROMPTS[2]], max_tokens=40, temperature=0.0,
-                          stop_token_ids=(stop,))  # fmt: skip
+        got, finals = run(
+            engine, [PROMPTS[2]], max_tokens=40, temperature=0.0, stop_token_ids=(stop,)
+        )
         assert got[0] == ref[: cut + 1], f"should stop at position {cut} on token {stop}"
         assert finals[0].finish_reason == "stop", finals[0]
         got, finals = run(engine, PROMPTS, max_tokens=13, temperature=0.0)
@@ -180,8 +182,9 @@ class TestAcceptedRuns:
         col = Collector()
         events = []
         cb = col.callback("0")
-        engine.add_request("0", PROMPTS[0], _params(max_tokens=20, logprobs=2),
-                           lambda e: (events.append(e), cb(e)))  # fmt: skip
+        engine.add_request(
+            "0", PROMPTS[0], _params(max_tokens=20, logprobs=2), lambda e: (events.append(e), cb(e))
+        )
         col.wait("0")
         assert any(len(e.new_token_ids) > 1 for e in events), "no multi-token event"
         lps = [lp for e in events for lp in (e.logprobs or [])]
@@ -202,8 +205,9 @@ def plain_logprobs(engine, prompt):
     events = []
     col = Collector()
     cb = col.callback("p")
-    engine.add_request("p", prompt, _params(max_tokens=20, logprobs=2),
-                       lambda e: (events.append(e), cb(e)))  # fmt: skip
+    engine.add_request(
+        "p", prompt, _params(max_tokens=20, logprobs=2), lambda e: (events.append(e), cb(e))
+    )
     col.wait("p")
     return [lp for e in events for lp in (e.logprobs or [])]
 
@@ -274,8 +278,10 @@ class TestSampled:
         model = tiny_llama.model
         p0 = _filtered_probs(model(mx.array([prompt]))[0, -1], top_k)
         firsts = np.flatnonzero(p0)
-        p1 = {int(t): _filtered_probs(model(mx.array([prompt + [int(t)]]))[0, -1], top_k)
-              for t in firsts}  # fmt: skip
+        p1 = {
+            int(t): _filtered_probs(model(mx.array([prompt + [int(t)]]))[0, -1], top_k)
+            for t in firsts
+        }
         proposals = {int(t): int(np.argmax(p1[int(t)])) for t in firsts}
 
         def oracle(ids, min_n, max_n, k):
@@ -289,8 +295,11 @@ class TestSampled:
         got, _ = run(engine, [prompt] * n, max_tokens=3, temperature=1.0, top_k=top_k)
         stats = spec_stats(engine)
         assert 0 < stats.num_accepted_tokens < stats.num_drafts, f"want accepts and rejects {stats}"
-        expected = {(int(a), int(b)): n * p0[a] * p1[int(a)][b]
-                    for a in firsts for b in np.flatnonzero(p1[int(a)])}  # fmt: skip
+        expected = {
+            (int(a), int(b)): n * p0[a] * p1[int(a)][b]
+            for a in firsts
+            for b in np.flatnonzero(p1[int(a)])
+        }
         observed = {cell: 0 for cell in expected}
         for tokens in got:
             cell = tuple(tokens[:2])
