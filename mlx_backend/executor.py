@@ -32,6 +32,7 @@ from mlxserve.mlx_backend.logits import LastTokenLogits, vocab_size
 from mlxserve.mlx_backend.logprobs import prompt_logprobs, prompt_positions, sampled_logprobs
 from mlxserve.mlx_backend.memory import plan_memory
 from mlxserve.mlx_backend.sampler import Sampler
+from mlxserve.mlx_backend.spec_verify import VerifyEntries
 from mlxserve.scheduler.batch import ForwardBatch, ForwardOutput
 from mlxserve.scheduler.memory_plan import MemoryPlan, MemoryStats, PoolRequest
 
@@ -222,13 +223,15 @@ class MLXExecutor:
         # Rows that asked for prompt logprobs also project their prompt positions, in the
         # same head call as their group's last positions.
         prompt_at = prompt_positions(batch) if sample else None
-        packed = batch.phase == "prefill" and self.packs_prefill
+        # Rows with proposals feed several tokens: they pack like prefill chunks.
+        entries = VerifyEntries(batch) if batch.spec_lens is not None else None
+        packed = (batch.phase == "prefill" or entries is not None) and self.packs_prefill
         groups = (np.arange(batch.batch_size),) if packed else batch.row_groups
         groups = groups or (np.arange(batch.batch_size),)
         parts = []
         for rows in groups:
             part = self._forward_rows(
-                batch, rows, prompt_at, sample, embed_rows is not None, packed
+                batch, rows, prompt_at, sample, embed_rows is not None, packed, entries
             )
             if len(groups) > 1:
                 # NOTE: one graph holding every group's forward evaluates slower than the
@@ -247,9 +250,12 @@ class MLXExecutor:
                 next_token_ids=np.zeros(batch.batch_size, np.int32),
                 embeddings=np.array(hidden),
             )
-        last_logits = _in_order([p.logits for p in parts], groups)
-        tokens = self.sampler(last_logits, batch.sampling)
-        pending = [sampled_logprobs(last_logits, tokens, batch.sampling.logprobs), None]
+        # One logits row per row (its last position), or per entry with proposals.
+        picked = groups if entries is None else [entries.of_rows(g) for g in groups]
+        last_logits = _in_order([p.logits for p in parts], picked)
+        sampling = batch.sampling if entries is None else entries.expand(batch.sampling)
+        tokens = self.sampler(last_logits, sampling)
+        pending = [sampled_logprobs(last_logits, tokens, sampling.logprobs), None]
         if prompt_at is not None:
             asked = [p for p in parts if p.prompt_entries is not None]
             logits = _in_order([p.prompt_logits for p in asked], [p.prompt_entries for p in asked])
@@ -259,11 +265,19 @@ class MLXExecutor:
         extra = [a for p in pending if p is not None for a in p.arrays()]
         embedded = [] if hidden is None else [hidden]
         mx.eval(tokens, extra, embedded, self.kv.arrays(), self.states.arrays())
+        token_ids = np.array(tokens, dtype=np.int32)
+        logprobs = None if pending[0] is None else pending[0].to_numpy()
+        spec_tokens = None
+        if entries is not None:
+            spec_tokens = entries.token_table(token_ids)
+            token_ids = token_ids[entries.last]
+            logprobs = entries.logprobs_by_row(logprobs)
         return ForwardOutput(
-            next_token_ids=np.array(tokens, dtype=np.int32),
-            logprobs=None if pending[0] is None else pending[0].to_numpy(),
+            next_token_ids=token_ids,
+            logprobs=logprobs,
             prompt_logprobs=None if pending[1] is None else pending[1].to_numpy(),
             embeddings=None if hidden is None else np.array(hidden),
+            spec_token_ids=spec_tokens,
         )
 
     def _forward_rows(
@@ -274,11 +288,13 @@ class MLXExecutor:
         sample: bool = True,
         embed: bool = False,
         packed: bool = False,
+        entries: VerifyEntries | None = None,
     ) -> _GroupOutput:
         """One forward of ``rows`` (padded, or packed into one-token rows): the logits of
-        their last positions (with ``sample``) and, when some of them asked, of their
-        prompt positions (with the indices of those entries in ``prompt_at``); with
-        ``embed`` the last positions' hidden states too."""
+        their last positions (with ``sample``; of every verified position of rows with
+        proposals, given ``entries``) and, when some of them asked, of their prompt
+        positions (with the indices of those entries in ``prompt_at``); with ``embed`` the
+        last positions' hidden states too."""
         ctx = PackedBatchContext(batch, rows) if packed else BatchContext(batch, rows)
         caches = BatchCaches(
             self.layout.specs,
@@ -291,13 +307,20 @@ class MLXExecutor:
         n = len(rows)
         pick_rows = np.arange(n)
         pick_positions = batch.extend_lens[rows] - 1
-        entries = None
+        last = pick_rows
+        if entries is not None:
+            mine = entries.of_rows(rows)
+            pick_rows = np.repeat(pick_rows, entries.count[rows])
+            pick_positions = entries.position[mine]
+            last = np.cumsum(entries.count[rows]) - 1
+            n = len(mine)
+        asked = None
         if prompt_at is not None:
             local = np.full(batch.batch_size, -1)
-            local[rows] = np.arange(n)
-            entries = np.nonzero(local[prompt_at[0]] >= 0)[0]
-            pick_rows = np.concatenate([pick_rows, local[prompt_at[0][entries]]])
-            pick_positions = np.concatenate([pick_positions, prompt_at[1][entries]])
+            local[rows] = np.arange(len(rows))
+            asked = np.nonzero(local[prompt_at[0]] >= 0)[0]
+            pick_rows = np.concatenate([pick_rows, local[prompt_at[0][asked]]])
+            pick_positions = np.concatenate([pick_positions, prompt_at[1][asked]])
         if packed:
             # Row b's position i is packed row first[b] + i, of width 1.
             pick_rows = ctx.packed_index(pick_rows, pick_positions)
@@ -312,13 +335,13 @@ class MLXExecutor:
         hidden = None
         if embed:
             hidden, logits = self.logits.hidden_and_logits(*picks, logits=sample, **extra)
-            hidden = hidden[:n]
+            hidden = hidden[:n] if entries is None else hidden[mx.array(last.astype(np.int32))]
         else:
             logits = self.logits.at(*picks, **extra)
         caches.write_back_states()
-        if logits is None or entries is None:
+        if logits is None or asked is None:
             return _GroupOutput(logits, None, None, hidden)
-        return _GroupOutput(logits[:n], logits[n:], entries, hidden)
+        return _GroupOutput(logits[:n], logits[n:], asked, hidden)
 
     def _model_inputs(
         self, batch: ForwardBatch, rows: np.ndarray, ctx: BatchContext

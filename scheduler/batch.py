@@ -124,6 +124,10 @@ class ForwardBatch:
         position_ids: int32 ``[3, B, L]`` explicit M-RoPE positions of every fed token
             (None: a row's positions are ``computed_lens[b] + 0..L-1``); set when a row of
             the batch has M-RoPE images (explicit positions or a position delta).
+        spec_lens: int32 [B], proposed tokens at the end of each row (speculative decoding:
+            the row feeds its last token then ``spec_lens[b]`` proposals, and a token is
+            sampled at each of those ``1 + spec_lens[b]`` positions, as the plain decode
+            step at that output position would); None: no row has proposals.
     """
 
     phase: Literal["prefill", "decode"]
@@ -146,6 +150,7 @@ class ForwardBatch:
     embed_rows: np.ndarray | None = None
     image_embeddings: ImageEmbeddings | None = None
     position_ids: np.ndarray | None = None
+    spec_lens: np.ndarray | None = None
 
     @property
     def batch_size(self) -> int:
@@ -187,9 +192,13 @@ class ForwardOutput:
     prompt positions of the rows that asked. Both are ``None`` when no row asked.
     ``embeddings`` holds the final hidden state of the last position of each row of
     ``batch.embed_rows`` (other rows mean nothing; None when the batch has no such row).
+    ``spec_token_ids[b, j]`` is the token sampled at fed position ``j`` of the last
+    ``1 + batch.spec_lens[b]`` of row ``b`` (-1 beyond; None without ``spec_lens``); such a
+    row's ``logprobs`` entries carry that ``j`` in ``positions``.
     """
 
     next_token_ids: np.ndarray  # int32 [B]
     logprobs: LogprobArrays | None = None
     prompt_logprobs: LogprobArrays | None = None
     embeddings: np.ndarray | None = None  # float32 [B, hidden]
+    spec_token_ids: np.ndarray | None = None  # int32 [B, 1 + max(spec_lens)]

@@ -48,13 +48,16 @@ def build_forward_batch(
     rows are split at all (the backend packs them: nothing is padded)."""
     B, L = len(rows), max(n for _, n in rows)
     input_ids = np.zeros((B, L), np.int32)
+    drafts = np.array([len(r.draft_ids) for r, _ in rows], np.int32)
     for i, (req, n) in enumerate(rows):
-        input_ids[i, :n] = req.token_ids(req.computed_len, req.computed_len + n)
+        real = n - int(drafts[i])
+        input_ids[i, :real] = req.token_ids(req.computed_len, req.computed_len + real)
+        input_ids[i, real:n] = req.draft_ids
     write, read, _ = _space_slots(spaces.full, rows)
     sliding_write, sliding_read, sliding_start = _space_slots(spaces.sliding, rows)
     extend_lens = np.array([n for _, n in rows], np.int32)
     ends = np.array([r.computed_len + n for r, n in rows], np.int32)
-    sample_rows = np.array([r.computed_len + n == r.seq_len for r, n in rows])
+    sample_rows = np.array([r.computed_len + n - len(r.draft_ids) == r.seq_len for r, n in rows])
     embed_rows = np.array([r.embed for r, _ in rows]) & sample_rows
     return ForwardBatch(
         phase=phase,
@@ -77,6 +80,7 @@ def build_forward_batch(
         embed_rows=embed_rows if embed_rows.any() else None,
         image_embeddings=_image_embeddings(rows),
         position_ids=_position_ids(rows, L),
+        spec_lens=drafts if drafts.any() else None,
     )
 
 

@@ -30,6 +30,13 @@ class EngineConfig:
             holds about 3.5x (8-bit) or 6x (4-bit) the tokens of a float32 pool; recurrent
             state stays float (default: off).
         kv_group_size: values of a K/V head row sharing one scale and bias with --kv-bits.
+        speculative_method: propose tokens for decoding rows, verified in the same forward
+            ("ngram": prompt lookup over the request's own prompt and output; "off": none).
+            The output is exactly the model's (greedy: token for token).
+        num_speculative_tokens: the most tokens proposed for a row in one step.
+        prompt_lookup_min: the shortest suffix n-gram the ngram method looks up.
+        prompt_lookup_max: the longest suffix n-gram the ngram method looks up (longer
+            ones are tried first).
     """
 
     max_total_tokens: int = 0
@@ -41,6 +48,10 @@ class EngineConfig:
     disable_prefix_cache: bool = False
     kv_bits: Literal[8, 4] | None = None
     kv_group_size: Literal[32, 64, 128] = 64
+    speculative_method: Literal["off", "ngram"] = "off"
+    num_speculative_tokens: int = 3
+    prompt_lookup_min: int = 3
+    prompt_lookup_max: int = 4
 
     def __post_init__(self) -> None:
         if self.max_total_tokens < 0:
@@ -51,6 +62,15 @@ class EngineConfig:
             raise ValueError(f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
         if self.kv_memory_bytes < 0:
             raise ValueError(f"kv_memory_bytes must be >= 0, got {self.kv_memory_bytes}")
+        if not 1 <= self.num_speculative_tokens <= 16:
+            raise ValueError(
+                f"num_speculative_tokens must be in [1, 16], got {self.num_speculative_tokens}"
+            )
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ValueError(
+                "need 1 <= prompt_lookup_min <= prompt_lookup_max, got "
+                f"{self.prompt_lookup_min} and {self.prompt_lookup_max}"
+            )
         if not 0 < self.mem_fraction <= 1:
             raise ValueError(f"mem_fraction must be in (0, 1], got {self.mem_fraction}")
         if self.kv_bits is not None and self.kv_bits not in KV_BITS:

@@ -32,17 +32,19 @@ def record_prompt_logprobs(req: Request, arrays: LogprobArrays | None, row: int)
 
 
 def with_logprobs(
-    event: RequestOutput, req: Request, out: ForwardOutput, row: int
+    event: RequestOutput, req: Request, out: ForwardOutput, row: int, count: int = 1
 ) -> RequestOutput:
-    """``event`` (the token sampled for batch row ``row``) with the logprobs ``req`` asked
-    for: the token's own, and the prompt's on the request's first token."""
+    """``event`` (the ``count`` tokens batch row ``row`` emitted: more than one when it
+    verified proposals) with the logprobs ``req`` asked for: each token's own, and the
+    prompt's on the request's first token."""
     p = req.params
     fields = {}
     if p.logprobs is not None and out.logprobs is not None:
         arrays = out.logprobs
-        n = np.flatnonzero(arrays.rows == row)
+        # A row's entries ascend by fed position: the first ``count`` are the emitted ones.
+        n = np.flatnonzero(arrays.rows == row)[:count]
         if n.size:
-            fields["logprobs"] = [arrays.entry(int(n[0]), p.logprobs)]
+            fields["logprobs"] = [arrays.entry(int(e), p.logprobs) for e in n]
     if p.prompt_logprobs is not None and req.output_len == 1:
         acc = req.prompt_logprob_entries
         acc.extend([None] * (req.prompt_len - len(acc)))

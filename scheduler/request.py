@@ -85,6 +85,14 @@ class Request:
     embed: bool = False
     # The prompt's images (vision models): their features and placeholder positions.
     images: MultimodalPrompt | None = None
+    # Speculative decoding (``speculation.py``): the tokens proposed for the step in flight
+    # (fed after the row's last token, not part of the output until verified), the row's
+    # recent acceptance rate (0.5 before its first verification) with the decayed counts
+    # ``(accepted, proposed)`` behind it, and the steps the policy passed it over in a row.
+    draft_ids: list[int] = field(default_factory=list)
+    draft_acceptance: float = 0.5
+    draft_weights: tuple[float, float] = (0.0, 0.0)
+    draft_skipped: int = 0
     _ids_array: np.ndarray | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:

@@ -46,8 +46,9 @@ def build_sampling_arrays(
 
 
 def _samples(req: Request, n: int) -> bool:
-    """The row's forward ends at the end of the sequence: its token is really sampled."""
-    return req.computed_len + n == req.seq_len
+    """The row's forward ends at the end of the sequence (and its proposals): its token is
+    really sampled."""
+    return req.computed_len + n - len(req.draft_ids) == req.seq_len
 
 
 def _seeds(rows: list[tuple[Request, int]]) -> SeedArrays | None:

@@ -13,11 +13,13 @@ from mlxserve.scheduler.batch import ForwardBatch, ForwardOutput
 from mlxserve.scheduler.batch_builder import build_forward_batch
 from mlxserve.scheduler.config import EngineConfig
 from mlxserve.scheduler.constraints import GrammarDeadEnd, TokenMasks
+from mlxserve.scheduler.events import make_event
 from mlxserve.scheduler.logprob_events import record_prompt_logprobs, with_logprobs
 from mlxserve.scheduler.memory_plan import MemoryPlan
 from mlxserve.scheduler.outputs import FinishReason, RequestOutput
 from mlxserve.scheduler.prefix_cache import PrefixCache
 from mlxserve.scheduler.request import Request, RequestStatus
+from mlxserve.scheduler.speculation import speculation_for
 from mlxserve.scheduler.step_budget import StepBudget
 from mlxserve.scheduler.token_spaces import TokenSpaces
 
@@ -37,7 +39,9 @@ class Scheduler:
     request whose prompt is fully in the pool). While both kinds of work exist the two
     alternate, so a long prompt arriving never stalls running streams for more than one
     chunk, and a prefill step that runs between decode steps is sized by a time budget
-    (``step_budget.py``) so that it delays the decoding streams by a bounded factor.
+    (``step_budget.py``) so that it delays the decoding streams by a bounded factor. With
+    speculative decoding a decoding row may feed its token plus proposals
+    (``speculation.py``); ``process`` keeps what verification accepts.
 
     For models with recurrent layers every row of a prefill step feeds the same number of
     tokens: a padding token must never enter a recurrent state, and unmodified model code
@@ -80,6 +84,8 @@ class Scheduler:
         # Rows at the front of the in-flight batch that are decode rows (a packed prefill
         # step carries them beside its chunks).
         self._decode_in_flight = 0
+        # Proposals for decoding rows (speculative decoding), None when off.
+        self.speculator = speculation_for(config, max_context_len, plan.recurrent)
 
     # ----------------------------------------------------------------- queue changes
     def add(self, req: Request) -> None:
@@ -153,6 +159,8 @@ class Scheduler:
         """Record how long ``batch``'s forward took (it sizes later prefill steps)."""
         forwards = max(1, len(batch.row_groups))
         self.budget.observe(batch.phase, batch.num_tokens, forwards, seconds)
+        if self.speculator is not None and batch.phase == "decode":
+            self.speculator.cost.observe(batch.num_tokens, seconds)
 
     def _decode_rows(self, decoding: list[Request]) -> list[tuple[Request, int]]:
         """Decode rows to run beside prefill chunks, their slots allocated; empty when the
@@ -161,7 +169,17 @@ class Scheduler:
             return []
         for req in decoding:
             self._alloc_slots(req, 1)
-        return [(r, 1) for r in decoding]
+        return self._with_drafts(decoding)
+
+    def _with_drafts(self, decoding: list[Request]) -> list[tuple[Request, int]]:
+        """Decode rows (one slot each allocated) with the proposals the speculator gives
+        them, within the slots free now (proposals never preempt or evict)."""
+        if self.speculator is not None:
+            self.speculator.propose(decoding, self.spaces.available(), len(decoding))
+            for req in decoding:
+                if req.draft_ids:
+                    self.spaces.alloc(req, len(req.draft_ids))
+        return [(r, 1 + len(r.draft_ids)) for r in decoding]
 
     def _schedule_prefill(
         self, decode_rows: list[tuple[Request, int]] | None = None
@@ -171,7 +189,10 @@ class Scheduler:
         rows: list[tuple[Request, int]] = list(decode_rows or [])
         self._decode_in_flight = len(rows)
         decoding = len(rows) or sum(r.pending_len == 1 for r in self.running)
-        self._prefill_tokens = self.budget.prefill_tokens(decoding, self.plan.packed) + len(rows)
+        decode_tokens = sum(n for _, n in rows)
+        self._prefill_tokens = (
+            self.budget.prefill_tokens(decoding, self.plan.packed) + decode_tokens
+        )
         short = int(self.cache.stop_short)
         for req in sorted(self.running, key=lambda r: r.arrival):
             if req.pending_len <= 1:
@@ -224,7 +245,7 @@ class Scheduler:
         """
         budget = self._prefill_tokens
         if len(rows) == self._decode_in_flight:
-            return min(wanted, budget - len(rows)) or None
+            return min(wanted, budget - sum(n for _, n in rows)) or None
         if self.plan.recurrent:
             width = rows[0][1]  # never with decode rows beside: those are packed backends
             if (len(rows) + 1) * width > budget:
@@ -271,7 +292,7 @@ class Scheduler:
         for req in decoding:
             self._alloc_slots(req, 1)
         self._decode_in_flight = len(decoding)
-        return self._build_batch("decode", [(r, 1) for r in decoding])
+        return self._build_batch("decode", self._with_drafts(decoding))
 
     def _build_batch(self, phase: str, rows: list[tuple[Request, int]]) -> ForwardBatch:
         self._in_flight = [r for r, _ in rows]
@@ -309,6 +330,10 @@ class Scheduler:
         free their slots now. Returns one event per request that got a token."""
         events = []
         for i, req in enumerate(self._in_flight):
+            draft, req.draft_ids = req.draft_ids, []
+            if draft:
+                events.append(self._process_verified(req, draft, out, i))
+                continue
             before = min(req.computed_len, req.prompt_len)
             req.computed_len += int(batch.extend_lens[i])
             self.prompt_tokens_computed += min(req.computed_len, req.prompt_len) - before
@@ -341,6 +366,29 @@ class Scheduler:
             events.append(with_logprobs(self.make_event(req, [token], reason), req, out, i))
         self._in_flight = []
         return events
+
+    def _process_verified(
+        self, req: Request, draft: list[int], out: ForwardOutput, i: int
+    ) -> RequestOutput:
+        """A decode row that fed ``[last token] + draft``: emit what verification kept, cut
+        where plain decoding would have stopped (EOS, a stop token, max_tokens), and give
+        back the slots of every position past the last emitted token's predecessor."""
+        emitted = self.speculator.verify(req, draft, out.spec_token_ids[i])
+        taken: list[int] = []
+        reason = None
+        for token in emitted:
+            taken.append(token)
+            reason = self._accept(req, token)
+            if reason is not None:
+                break
+        # K/V are right for the last token and the accepted proposals before the last
+        # emitted token (that one is fed next, as after any decode step).
+        req.computed_len += len(taken)
+        self.spaces.free_tail(req, req.allocated_len - req.computed_len)
+        self.spaces.trim_window(req)
+        if reason is not None:
+            self._release(req)
+        return with_logprobs(self.make_event(req, taken, reason), req, out, i, len(taken))
 
     def _finish_embedding(
         self, req: Request, embeddings: np.ndarray | None, i: int
@@ -379,29 +427,12 @@ class Scheduler:
         """Release every request of the batch that just failed; returns them."""
         failed, self._in_flight = self._in_flight, []
         for req in failed:
+            req.draft_ids = []
             # Their K/V and state may be half written: nothing of them goes to the cache.
             self._release(req, keep=False)
         return failed
 
-    @staticmethod
-    def make_event(
-        req: Request,
-        tokens: list[int],
-        reason: FinishReason | None,
-        error: str | None = None,
-        invalid: bool = False,
-    ) -> RequestOutput:
-        return RequestOutput(
-            request_id=req.request_id,
-            new_token_ids=tokens,
-            finished=reason is not None,
-            finish_reason=reason,
-            error=error,
-            invalid_request=invalid,
-            prompt_tokens=req.prompt_len,
-            completion_tokens=req.output_len,
-            cached_tokens=req.prefix_hit_len or 0,
-        )
+    make_event = staticmethod(make_event)
 
     # ----------------------------------------------------------------- slots
     def _alloc_slots(self, req: Request, n: int) -> None:

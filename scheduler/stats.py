@@ -43,6 +43,10 @@ class EngineStats:
         mlx_active_bytes: memory MLX holds in live arrays.
         mlx_peak_bytes: the largest ``mlx_active_bytes`` since start.
         mlx_cache_bytes: memory MLX keeps in its buffer cache for reuse.
+        spec_num_drafts: proposals verified (speculative decoding; cumulative).
+        spec_num_draft_tokens: tokens proposed in them (cumulative).
+        spec_num_accepted_tokens: of those, tokens accepted (cumulative).
+        spec_accepted_per_pos: accepted tokens by their position in the proposal.
     """
 
     num_running: int = 0
@@ -57,6 +61,10 @@ class EngineStats:
     mlx_active_bytes: int = 0
     mlx_peak_bytes: int = 0
     mlx_cache_bytes: int = 0
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_pos: tuple[int, ...] = ()
 
     @property
     def kv_usage(self) -> float:
@@ -161,6 +169,7 @@ def engine_stats(
     """
     memory = memory or MemoryStats()
     running = len(sched.running)
+    spec = sched.speculator.stats if sched.speculator is not None else None
     # The tightest slot space decides when requests must wait, so it is the one reported.
     used, total = 0, 0
     tree = sched.cache.tree
@@ -183,4 +192,8 @@ def engine_stats(
         mlx_active_bytes=memory.active,
         mlx_peak_bytes=memory.peak,
         mlx_cache_bytes=memory.cache,
+        spec_num_drafts=spec.num_drafts if spec else 0,
+        spec_num_draft_tokens=spec.num_draft_tokens if spec else 0,
+        spec_num_accepted_tokens=spec.num_accepted_tokens if spec else 0,
+        spec_accepted_per_pos=tuple(spec.accepted_per_pos) if spec else (),
     )

@@ -78,6 +78,18 @@ class TokenSpaces:
             space.table[req.row, start : start + n] = ids
         req.allocated_len += n
 
+    def free_tail(self, req: Request, n: int) -> None:
+        """Give back the slots of the row's last ``n`` allocated positions (proposed tokens
+        the forward rejected: their K/V are never read)."""
+        if n <= 0:
+            return
+        end = req.allocated_len
+        for space in self.spaces:
+            row = space.table[req.row]
+            space.allocator.free(row[end - n : end].copy())
+            row[end - n : end] = 0
+        req.allocated_len = end - n
+
     def trim_window(self, req: Request) -> None:
         """Free sliding slots that no future query can see (behind ``computed_len - w + 1``).
 

@@ -81,6 +81,9 @@ def two_ranks(model_dir, split, tmp_path_factory):
     log = tmp_path_factory.mktemp("logs") / f"{model_dir.name}.log"
     args = ["--model", str(model_dir), split[1], "2"]
     args += ["--max-total-tokens", str(POOL), "--distributed-timeout", "60"]
+    # With n-gram speculation on (the one process runs without): rows with proposals run
+    # packed on every rank, so the workers must see them (greedy output is unchanged).
+    args += ["--speculative-method", "ngram"]
     server = RankedServer(args, log).wait_ready()
     yield server
     # A drain (SIGTERM) closes the group: rank 0 tells rank 1, both exit 0.
@@ -102,7 +105,7 @@ def one_process(model_dir):
 
 
 class TestTwoRanksEqualOneProcess:
-    def test_concurrent_greedy_tokens_match(self, two_ranks, one_process, model_dir):
+    def test_concurrent_greedy_tokens_match(self, two_ranks, one_process, model_dir, split):
         got = _answers(two_ranks.url, model_dir.name)
         want = _answers(one_process.url, model_dir.name)
         for i, (g, w) in enumerate(zip(got, want, strict=True)):
@@ -110,6 +113,9 @@ class TestTwoRanksEqualOneProcess:
             assert len(g[1]) == MAX_TOKENS, f"prompt {i} stopped early: {g[1]}"
         assert _metric(two_ranks.url, "num_preemptions") > 0, "the pool was meant to preempt"
         assert _metric(two_ranks.url, "prefix_cache_hits") > 0, "the last prompt was cached"
+        if split[1] == "--tensor-parallel":  # (qwen3_next is recurrent: no speculation)
+            drafts = _metric(two_ranks.url, "spec_decode_num_drafts")
+            assert drafts > 0, "the rows were meant to verify proposals on both ranks"
 
     def test_no_slot_leaks(self, two_ranks):
         # Whenever the engine goes idle it audits its slots (free + requests' + prefix

@@ -3,6 +3,7 @@ the sharding checks, the CLI's refusals."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import socket
 
@@ -43,13 +44,25 @@ class TestWireFormat:
             assert have.dtype == want.dtype and np.array_equal(have, want), name
         assert [g.tolist() for g in got.row_groups] == [[0, 2], [1]], got.row_groups
         assert (got.embed_rows is None) == (not embed), got.embed_rows
+        assert got.spec_lens is None, "no proposals were sent"
         assert np.all(got.sampling.temperature == 0), "workers run greedy (they sample nothing)"
 
+    def test_proposals_travel(self):
+        """Rows with proposals run packed on every rank: the workers must know them, or
+        their forward's shapes (and so the collectives) would differ from rank 0's."""
+        sent = dataclasses.replace(sample_batch(False), spec_lens=np.array([2, 0, 1], np.int32))
+        got = wire.decode_batch(wire.encode_batch(sent))
+        assert got.spec_lens is not None and got.spec_lens.tolist() == [2, 0, 1], got.spec_lens
+
     def test_plan_and_pool_request_round_trip(self):
-        plan = MemoryPlan(512, 64, 8, 4, 12345)
-        assert wire.decode_plan(wire.encode_plan(plan)) == plan
-        request = PoolRequest(0, 32, 2048, 0.25, 4096, True, 10**9)
-        assert wire.decode_pool_request(wire.encode_pool_request(request)) == request
+        for plan in (MemoryPlan(512, 64, 8, 4, 12345), MemoryPlan(512, 0, None, 0, 9, True)):
+            assert wire.decode_plan(wire.encode_plan(plan)) == plan
+        for request in (
+            PoolRequest(0, 32, 2048, 0.25, 4096, True, 10**9),
+            PoolRequest(0, 32, 2048, 0.25, 4096, True, 10**9, kv_bits=4, kv_group_size=32),
+        ):
+            got = wire.decode_pool_request(wire.encode_pool_request(request))
+            assert got == request, "every rank quantizes its pools alike"
 
     def test_a_foreign_frame_is_refused(self):
         with pytest.raises(wire.WireError, match="magic"):

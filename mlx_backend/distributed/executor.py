@@ -275,6 +275,9 @@ def smallest_plan(plans: list[MemoryPlan]) -> MemoryPlan:
         window=max(windows) if windows else None,
         state_slots=fewest([p.state_slots for p in plans]),
         pool_bytes=max(p.pool_bytes for p in plans),
+        # Packed steps only when every rank packs (each executor decides the same way
+        # from the same model, so they agree; the scheduler must know).
+        ragged_attention=all(p.ragged_attention for p in plans),
     )
 
 

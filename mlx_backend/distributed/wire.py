@@ -155,11 +155,14 @@ def encode_batch(batch: ForwardBatch) -> list[np.ndarray]:
     """The arrays a worker needs to run ``batch``'s forward (not its sampling)."""
     groups = [np.asarray(g, np.int64) for g in batch.row_groups]
     embed = batch.embed_rows
-    meta = np.array([batch.phase == "prefill", embed is not None], np.int64)
+    spec = batch.spec_lens
+    meta = np.array([batch.phase == "prefill", embed is not None, spec is not None], np.int64)
     return [
         meta,
         *(np.asarray(getattr(batch, name)) for name in _BATCH_FIELDS),
         np.zeros(0, np.bool_) if embed is None else np.asarray(embed, np.bool_),
+        # Rows with proposals change how the forward runs (packed, several positions).
+        np.zeros(0, np.int32) if spec is None else np.asarray(spec, np.int32),
         np.array([len(g) for g in groups], np.int64),
         np.concatenate(groups) if groups else np.zeros(0, np.int64),
     ]
@@ -168,10 +171,12 @@ def encode_batch(batch: ForwardBatch) -> list[np.ndarray]:
 def decode_batch(arrays: tuple[np.ndarray, ...]) -> ForwardBatch:
     """The ``ForwardBatch`` of ``encode_batch``, with greedy sampling (workers do not
     sample: their tokens are thrown away, only their K/V writes and collectives count)."""
-    if len(arrays) != len(_BATCH_FIELDS) + 4:
-        raise WireError(f"a forward carries {len(_BATCH_FIELDS) + 4} arrays, got {len(arrays)}")
+    if len(arrays) != len(_BATCH_FIELDS) + 5:
+        raise WireError(f"a forward carries {len(_BATCH_FIELDS) + 5} arrays, got {len(arrays)}")
     meta, *fields = arrays[: len(_BATCH_FIELDS) + 1]
-    embed, lengths, rows = arrays[len(_BATCH_FIELDS) + 1 :]
+    if len(meta) != 3:
+        raise WireError(f"a forward's header has 3 flags, got {len(meta)}")
+    embed, spec, lengths, rows = arrays[len(_BATCH_FIELDS) + 1 :]
     values = dict(zip(_BATCH_FIELDS, fields, strict=True))
     b = int(values["input_ids"].shape[0])
     if int(lengths.sum()) != len(rows):
@@ -189,6 +194,7 @@ def decode_batch(arrays: tuple[np.ndarray, ...]) -> ForwardBatch:
         sampling=greedy,
         row_groups=groups,
         embed_rows=embed if meta[1] else None,
+        spec_lens=spec if meta[2] else None,
         **values,
     )
 
@@ -196,11 +202,12 @@ def decode_batch(arrays: tuple[np.ndarray, ...]) -> ForwardBatch:
 def encode_pool_request(r: PoolRequest) -> list[np.ndarray]:
     ints = [r.max_total_tokens, r.max_running_requests, r.max_prefill_tokens]
     ints += [r.context_length, int(r.prefix_cache), r.memory_bytes]
+    ints += [0 if r.kv_bits is None else r.kv_bits, r.kv_group_size]
     return [np.array(ints, np.int64), np.array([r.mem_fraction], np.float64)]
 
 
 def decode_pool_request(arrays: tuple[np.ndarray, ...]) -> PoolRequest:
-    total, running, prefill, context, prefix, memory = (int(v) for v in arrays[0])
+    total, running, prefill, context, prefix, memory, bits, group = (int(v) for v in arrays[0])
     return PoolRequest(
         max_total_tokens=total,
         max_running_requests=running,
@@ -209,17 +216,21 @@ def decode_pool_request(arrays: tuple[np.ndarray, ...]) -> PoolRequest:
         context_length=context,
         prefix_cache=bool(prefix),
         memory_bytes=memory,
+        kv_bits=bits or None,
+        kv_group_size=group,
     )
 
 
 def encode_plan(p: MemoryPlan) -> list[np.ndarray]:
     window = -1 if p.window is None else p.window
-    return [np.array([p.full_tokens, p.sliding_tokens, window, p.state_slots, p.pool_bytes])]
+    fields = [p.full_tokens, p.sliding_tokens, window, p.state_slots, p.pool_bytes]
+    return [np.array([*fields, int(p.ragged_attention)])]
 
 
 def decode_plan(arrays: tuple[np.ndarray, ...]) -> MemoryPlan:
-    full, sliding, window, states, pool_bytes = (int(v) for v in arrays[0])
-    return MemoryPlan(full, sliding, None if window < 0 else window, states, pool_bytes)
+    full, sliding, window, states, pool_bytes, ragged = (int(v) for v in arrays[0])
+    window = None if window < 0 else window
+    return MemoryPlan(full, sliding, window, states, pool_bytes, bool(ragged))
 
 
 def encode_text(text: str) -> list[np.ndarray]:

@@ -268,6 +268,16 @@ class _EngineCollector(Collector):
             for model_name, stats in models:
                 family.add_metric([model_name], value_of(stats))
             yield family
+        # Accepted tokens by their position in the proposal (vLLM's per-position counter).
+        per_pos = CounterMetricFamily(
+            PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+            "Accepted tokens per draft position.",
+            labels=["model_name", "position"],
+        )
+        for model_name, stats in models:
+            for position, count in enumerate(stats.spec_accepted_per_pos):
+                per_pos.add_metric([model_name, str(position)], count)
+        yield per_pos
 
 
 class _VisionCollector(Collector):
@@ -314,6 +324,12 @@ _ENGINE_FAMILIES: tuple[tuple[Any, str, str, Callable[[EngineStats], float]], ..
     (CounterMetricFamily, "prompt_tokens_computed",
      "Prompt tokens that went through a forward (not served from the prefix cache).",
      lambda s: s.prompt_tokens_computed),
+    (CounterMetricFamily, "spec_decode_num_drafts",
+     "Number of spec decoding drafts.", lambda s: s.spec_num_drafts),
+    (CounterMetricFamily, "spec_decode_num_draft_tokens",
+     "Number of draft tokens.", lambda s: s.spec_num_draft_tokens),
+    (CounterMetricFamily, "spec_decode_num_accepted_tokens",
+     "Number of accepted tokens.", lambda s: s.spec_num_accepted_tokens),
     (GaugeMetricFamily, "mlx_active_memory_bytes",
      "Memory MLX holds in live arrays.", lambda s: s.mlx_active_bytes),
     (GaugeMetricFamily, "mlx_peak_memory_bytes",

@@ -1,0 +1,222 @@
+"""Speculative decoding inside the continuous batch: which rows get proposals, and what a
+verified row emits.
+
+A decoding row normally feeds its last token and gets one new token. With a proposal
+``d_0 .. d_{k-1}`` (``ngram.py``) it feeds ``[last, d_0, .., d_{k-1}]`` in the same forward
+as every other row of the step, and the executor samples a token ``y_j`` at each of those
+``k + 1`` positions exactly as a plain decode step would have at that output position
+(``mlx_backend/spec_verify.py``). The row then emits ``y_0 .. y_m`` where ``m`` is the first
+``j`` with ``y_j != d_j`` (or ``k``: every proposal accepted, ``y_k`` is the bonus token).
+
+Why this is exact: ``y_j`` is the token the model picks given the prefix up to ``d_{j-1}``;
+while ``y_j == d_j`` that prefix is the real output, so every emitted token is the one
+non-speculative decoding would have produced. For greedy rows ``y_j`` is the argmax (the
+longest prefix matching argmax, plus the bonus token). For sampled rows ``y_j`` is a
+Gumbel-max draw from the processed distribution ``p_j``; for a one-hot proposal that is the
+standard rejection sampler: ``d_j`` is accepted with probability ``p_j(d_j)`` (``min(1,
+p/q)`` with ``q`` one-hot), and on rejection the token is distributed as ``p_j`` without
+``d_j``, renormalized (the residual). A seeded row's noise at output position ``i`` comes
+from ``(seed, i)`` alone, so a seeded request gives the same tokens with speculation as
+without.
+
+Rows whose distribution depends on what was sampled before them in a way the expanded
+positions cannot reproduce run without proposals: penalties (they count earlier outputs),
+grammar constraints (the matcher advances token by token), ``min_tokens`` not yet reached
+(the EOS mask changes at that position) and logit bias (kept simple: no proposals); so do
+requests with images (vision models: their explicit M-RoPE positions are not verified with
+proposals yet).
+
+The adaptive policy (``SpeculationPolicy``): a forward costs ``a + b x tokens`` (measured on
+this backend, ``StepCost``), so a proposal of ``D`` tokens from a row whose recent
+acceptance rate is ``alpha`` adds ``b D`` seconds for ``alpha D`` expected tokens. It is
+worth it while ``alpha`` beats the step's current tokens per unit of cost (with a margin,
+``GAIN_MARGIN``): at batch 1 almost
+any proposal pays (the forward's fixed cost dominates), at batch 32 on the CPU only rows that
+accept most of what they are given are proposed for.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mlxserve.scheduler.config import EngineConfig
+from mlxserve.scheduler.ngram import propose_ngram
+from mlxserve.scheduler.request import Request
+from mlxserve.scheduler.row_groups import FORWARD_OVERHEAD_TOKENS
+
+logger = logging.getLogger(__name__)
+
+# A row's acceptance rate is (accepted + 1) / (proposed + 2) over its recent proposals,
+# each older verification's counts weighted down by this factor: one lucky one-token probe
+# moves it less than a fully accepted run, and a fresh row starts at 1/2.
+ACCEPTANCE_DECAY = 0.7
+# Proposals must promise this much more than they cost: the cost fit is noisy on a loaded
+# CPU, and in a batch whose rows all decode to max_tokens a row's accepted tokens save a
+# step only when the slowest row's do too.
+GAIN_MARGIN = 1.25
+# A row the policy passed over this many steps in a row (or a row never verified) gets a
+# one-token probe, so a request whose text turns repetitive later is noticed.
+PROBE_AFTER_STEPS = 16
+# Decode steps remembered for the cost fit.
+COST_SAMPLES = 64
+
+
+@dataclass
+class SpecStats:
+    """Counters of vLLM's ``spec_decode_*`` metrics."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+
+
+class StepCost:
+    """The cost of a decode forward as ``a + b x tokens``, fit to measured steps.
+
+    Only the ratio ``a / b`` matters to the policy (in tokens: what the fixed part of a
+    forward is worth). It is identifiable only when steps fed different token counts; until
+    then (and whenever the fit is not sane) the row-group cost model's
+    ``FORWARD_OVERHEAD_TOKENS`` stands in (SmolLM2-135M on this 2-CPU VM: a one-token
+    forward ~115-150 ms, each further token ~6.5-9 ms). The fit is kept within a factor
+    of 2 of that: on a loaded CPU the thread count and the neighbours change a step's time
+    by more than the tokens do (measured, ``docs/benchmarks.md``: fits from 0.8 to 13 ms a
+    token in one run), and an outlier fit must not turn the policy on or off.
+    """
+
+    def __init__(self) -> None:
+        self._samples: deque[tuple[int, float]] = deque(maxlen=COST_SAMPLES)
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        if seconds > 0:
+            self._samples.append((tokens, seconds))
+
+    @property
+    def overhead_tokens(self) -> float:
+        if len(self._samples) >= 8:
+            n, t = np.array(self._samples, np.float64).T
+            if n.std() >= 1.0:
+                b, a = np.polyfit(n, t, 1)
+                if b > 0 and a > 0:
+                    low, high = FORWARD_OVERHEAD_TOKENS / 2, FORWARD_OVERHEAD_TOKENS * 2
+                    return float(min(max(a / b, low), high))
+        return float(FORWARD_OVERHEAD_TOKENS)
+
+
+class Speculator:
+    """Proposes tokens for decoding rows and turns verified rows into emitted tokens.
+
+    Args:
+        config: the engine's configuration (method, K, the n-gram sizes).
+        max_context_len: no proposal runs a row past its context.
+    """
+
+    def __init__(self, config: EngineConfig, max_context_len: int) -> None:
+        self.k = config.num_speculative_tokens
+        self.min_n = config.prompt_lookup_min
+        self.max_n = config.prompt_lookup_max
+        self.max_context_len = max_context_len
+        self.stats = SpecStats(accepted_per_pos=[0] * self.k)
+        self.cost = StepCost()
+
+    def eligible(self, req: Request) -> bool:
+        """The row's tokens can be verified position by position (see the module doc)."""
+        p = req.params
+        return not (
+            req.embed
+            or req.images is not None
+            or req.constraint is not None
+            or p.uses_penalties
+            or p.logit_bias
+            or req.output_len < p.min_tokens
+        )
+
+    def propose(self, rows: list[Request], slots: int, step_tokens: int) -> int:
+        """Set ``draft_ids`` of the ``rows`` (decoding rows of this step, one token each
+        already) worth proposing for, within ``slots`` free token slots; returns the draft
+        tokens given out.
+
+        Args:
+            step_tokens: tokens the step feeds before any proposal (its cost so far).
+        """
+        ratio = self.cost.overhead_tokens
+        tokens, expected = float(step_tokens), float(len(rows))
+        candidates = []
+        for req in rows:
+            req.draft_ids = []
+            cap = min(self.k, req.remaining_tokens - 1, self.max_context_len - req.seq_len - 1)
+            if cap <= 0 or not self.eligible(req):
+                continue
+            probe = req.draft_acceptance * (ratio + tokens) <= GAIN_MARGIN * expected
+            fresh = req.draft_weights[1] == 0
+            if probe and not fresh and req.draft_skipped + 1 < PROBE_AFTER_STEPS:
+                req.draft_skipped += 1  # not worth it even as the first proposal
+                continue
+            draft = propose_ngram(req.all_ids(), self.min_n, self.max_n, 1 if probe else cap)
+            if draft:
+                candidates.append((req, draft, probe))
+        candidates.sort(key=lambda c: -c[0].draft_acceptance)
+        given = 0
+        for req, draft, probe in candidates:
+            alpha = req.draft_acceptance
+            if not probe and alpha * (ratio + tokens) <= GAIN_MARGIN * expected:
+                req.draft_skipped += 1
+                continue
+            draft = draft[: slots - given]
+            if not draft:
+                break
+            req.draft_skipped = 0
+            req.draft_ids = draft
+            given += len(draft)
+            tokens += len(draft)
+            expected += alpha * len(draft)
+        return given
+
+    def verify(self, req: Request, draft: list[int], sampled: np.ndarray) -> list[int]:
+        """The tokens a row verified against ``draft`` emits: ``sampled[j]`` (the token
+        picked at the ``j``-th of its last ``1 + len(draft)`` fed positions) up to and
+        including the first that differs from the proposal. Updates the row's acceptance
+        rate and the counters."""
+        k = len(draft)
+        m = 0
+        while m < k and int(sampled[m]) == draft[m]:
+            m += 1
+        s = self.stats
+        s.num_drafts += 1
+        s.num_draft_tokens += k
+        s.num_accepted_tokens += m
+        for j in range(m):
+            s.accepted_per_pos[j] += 1
+        accepted, proposed = req.draft_weights
+        accepted = ACCEPTANCE_DECAY * accepted + m
+        proposed = ACCEPTANCE_DECAY * proposed + k
+        req.draft_weights = (accepted, proposed)
+        req.draft_acceptance = (accepted + 1) / (proposed + 2)
+        return [int(t) for t in sampled[: m + 1]]
+
+
+def speculation_for(
+    config: EngineConfig, max_context_len: int, recurrent: bool
+) -> Speculator | None:
+    """The engine's speculator, or None when speculation is off or cannot be exact here."""
+    if config.speculative_method == "off":
+        return None
+    if recurrent:
+        logger.warning(
+            "speculative decoding (--speculative-method %s) is disabled: this model has "
+            "recurrent layers, whose state cannot be rolled back to a rejected position",
+            config.speculative_method,
+        )
+        return None
+    logger.info(
+        "speculative decoding: %s, up to %d tokens a row (n-grams of %d..%d)",
+        config.speculative_method,
+        config.num_speculative_tokens,
+        config.prompt_lookup_min,
+        config.prompt_lookup_max,
+    )
+    return Speculator(config, max_context_len)
