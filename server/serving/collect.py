@@ -14,6 +14,8 @@ from fastapi import Request
 from mlxserve.server.http.errors import APIError
 from mlxserve.server.serving.choices import ChoiceChunks, Choices
 from mlxserve.server.serving.generation import GenerationError
+from mlxserve.server.serving.output_blocks import OutputBlocks
+from mlxserve.server.serving.pieces import PieceSplitter
 
 logger = logging.getLogger(__name__)
 
@@ -53,3 +55,20 @@ async def collect_unless_disconnected(
         return collect_task.result()
     except GenerationError as e:
         raise APIError(e.status_code, e.message, type=e.type, code=e.code) from e
+
+
+async def one_answer_blocks(
+    choices: Choices, request: Request, splitter: PieceSplitter
+) -> tuple[ChoiceChunks, OutputBlocks] | None:
+    """The one choice of a non-streamed answer and its output split into blocks (text,
+    reasoning, tool calls), or None if the client left first (Anthropic Messages and
+    Responses: one choice per request)."""
+    results = await collect_unless_disconnected(choices, request)
+    if results is None:
+        return None
+    (result,) = results
+    blocks = OutputBlocks()
+    for chunk in result.chunks:
+        blocks.feed(splitter.piece(chunk))
+    blocks.close()
+    return result, blocks

@@ -10,8 +10,7 @@ from fastapi.responses import Response
 
 from mlxserve.server.api.anthropic import objects
 from mlxserve.server.serving.choices import Choices
-from mlxserve.server.serving.collect import CLIENT_CLOSED, collect_unless_disconnected
-from mlxserve.server.serving.output_blocks import OutputBlocks
+from mlxserve.server.serving.collect import CLIENT_CLOSED, one_answer_blocks
 from mlxserve.server.serving.pieces import PieceSplitter
 
 
@@ -19,14 +18,10 @@ async def complete_message(
     choices: Choices, model: str, request: Request, splitter: PieceSplitter
 ) -> dict[str, Any] | Response:
     """Wait for the answer (``stream: false``) and shape it as a ``message``."""
-    results = await collect_unless_disconnected(choices, request)
-    if results is None:
+    answer = await one_answer_blocks(choices, request, splitter)
+    if answer is None:
         return Response(status_code=CLIENT_CLOSED)
-    (result,) = results
-    blocks = OutputBlocks()
-    for chunk in result.chunks:
-        blocks.feed(splitter.piece(chunk))
-    blocks.close()
+    result, blocks = answer
     last = result.chunks[-1]
     assert last.finish_reason in ("stop", "length"), last.finish_reason
     reason = objects.stop_reason(last.finish_reason, splitter.calls_made > 0, last.stop_string)

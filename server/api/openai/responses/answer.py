@@ -15,8 +15,7 @@ from mlxserve.server.api.openai.responses.objects import (
     usage,
 )
 from mlxserve.server.serving.choices import Choices
-from mlxserve.server.serving.collect import CLIENT_CLOSED, collect_unless_disconnected
-from mlxserve.server.serving.output_blocks import OutputBlocks
+from mlxserve.server.serving.collect import CLIENT_CLOSED, one_answer_blocks
 from mlxserve.server.serving.pieces import PieceSplitter
 
 
@@ -29,14 +28,10 @@ async def complete_response(
     choices: Choices, shape: ResponseShape, request: Request, splitter: PieceSplitter
 ) -> dict[str, Any] | Response:
     """Wait for the answer (``stream: false``) and shape it as a ``response``."""
-    results = await collect_unless_disconnected(choices, request)
-    if results is None:
+    answer = await one_answer_blocks(choices, request, splitter)
+    if answer is None:
         return Response(status_code=CLIENT_CLOSED)
-    (result,) = results
-    blocks = OutputBlocks()
-    for chunk in result.chunks:
-        blocks.feed(splitter.piece(chunk))
-    blocks.close()
+    result, blocks = answer
     finish = result.finish_reason
     assert finish in ("stop", "length"), finish
     status = final_status(finish)
