@@ -33,9 +33,10 @@ class NoEosTokenizer:
     eos_token_ids: list[int] = []
 
 
-def make_tiny_llama(seed: int = 0) -> LoadedModel:
+def make_tiny_llama(seed: int = 0, head_dim: int | None = None) -> LoadedModel:
     """A 2-layer random llama whose greedy output varies token to token (untied head,
-    unit-scale embeddings), so a wrong KV read shows up as a different token."""
+    unit-scale embeddings), so a wrong KV read shows up as a different token; 2 K/V heads
+    of ``head_dim`` (None: 16, hidden over heads)."""
     mx.random.seed(seed)
     args = llama.ModelArgs(
         model_type="llama",
@@ -44,6 +45,7 @@ def make_tiny_llama(seed: int = 0) -> LoadedModel:
         intermediate_size=128,
         num_attention_heads=4,
         num_key_value_heads=2,
+        head_dim=head_dim,
         rms_norm_eps=1e-5,
         vocab_size=256,
         tie_word_embeddings=False,
@@ -57,7 +59,8 @@ def make_tiny_llama(seed: int = 0) -> LoadedModel:
         weights.append((name, w))
     model.load_weights(weights)
     mx.eval(model.parameters())
-    return LoadedModel(model, NoEosTokenizer(), "tiny-llama", {}, context_length=512)
+    name = "tiny-llama" if head_dim is None else f"tiny-llama-d{head_dim}"
+    return LoadedModel(model, NoEosTokenizer(), name, {}, context_length=512)
 
 
 def greedy_reference(model, prompt: list[int], max_tokens: int, eos: set[int] = frozenset()):

@@ -27,7 +27,6 @@ from types import SimpleNamespace
 import mlx.core as mx
 import numpy as np
 import pytest
-from mlx.utils import tree_flatten
 from mlx_lm.models import llama
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
@@ -38,7 +37,7 @@ from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
 from mlxserve.scheduler import row_groups
 from mlxserve.scheduler.config import EngineConfig
 from mlxserve.scheduler.engine import Engine
-from tests.conftest import NoEosTokenizer
+from tests.conftest import make_tiny_llama
 from tests.quantized_reference import (
     ROUNDING_TOL,
     assert_matches,
@@ -55,31 +54,9 @@ CHUNK = 7
 
 
 def make_llama(head_dim: int = 32, seed: int = 0) -> LoadedModel:
-    """A 2-layer random llama (as ``tests/conftest.py:make_tiny_llama``) with 2 K/V heads
-    of ``head_dim``."""
-    mx.random.seed(seed)
-    args = llama.ModelArgs(
-        model_type="llama",
-        hidden_size=64,
-        num_hidden_layers=2,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=head_dim,
-        rms_norm_eps=1e-5,
-        vocab_size=256,
-        tie_word_embeddings=False,
-    )
-    model = llama.Model(args)
-    weights = []
-    for name, w in tree_flatten(model.parameters()):
-        if w.ndim == 2:
-            std = 1.0 if "embed" in name else w.shape[1] ** -0.5
-            w = mx.random.normal(w.shape) * std
-        weights.append((name, w))
-    model.load_weights(weights)
-    mx.eval(model.parameters())
-    return LoadedModel(model, NoEosTokenizer(), f"tiny-llama-d{head_dim}", {}, context_length=512)
+    """``tests/conftest.py:make_tiny_llama`` with 2 K/V heads of ``head_dim`` (a group size
+    must divide it)."""
+    return make_tiny_llama(seed, head_dim=head_dim)
 
 
 @pytest.fixture(scope="module")
