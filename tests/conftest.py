@@ -179,6 +179,17 @@ def smollm() -> LoadedModel:
     return loaded
 
 
+def audit_and_stop(engines: list[Engine]) -> None:
+    """Teardown of engine fixtures: each engine must go idle with every slot accounted for;
+    each is shut down."""
+    for engine in engines:
+        try:
+            assert engine.wait_idle(60), "engine did not go idle"
+            engine.check_integrity()
+        finally:
+            engine.shutdown()
+
+
 @pytest.fixture
 def make_engine() -> Iterator[Callable[..., Engine]]:
     """Build started engines; on teardown each must go idle with every slot accounted for."""
@@ -191,12 +202,7 @@ def make_engine() -> Iterator[Callable[..., Engine]]:
         return engine
 
     yield build
-    for engine in engines:
-        try:
-            assert engine.wait_idle(60), "engine did not go idle"
-            engine.check_integrity()
-        finally:
-            engine.shutdown()
+    audit_and_stop(engines)
 
 
 # The HTTP test modules each start one ``server`` (a module fixture of their own, with their

@@ -37,7 +37,7 @@ from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
 from mlxserve.scheduler import row_groups
 from mlxserve.scheduler.config import EngineConfig
 from mlxserve.scheduler.engine import Engine
-from tests.conftest import make_tiny_llama
+from tests.conftest import audit_and_stop, make_tiny_llama
 from tests.quantized_reference import (
     ROUNDING_TOL,
     assert_matches,
@@ -90,12 +90,7 @@ def quant_engine() -> Iterator[Callable[..., Engine]]:
         return engine
 
     yield build
-    for engine in engines:
-        try:
-            assert engine.wait_idle(60), "engine did not go idle"
-            engine.check_integrity()
-        finally:
-            engine.shutdown()
+    audit_and_stop(engines)
 
 
 def references(loaded, prompts, bits, group_size, max_tokens=MAX_TOKENS):
