@@ -51,14 +51,7 @@ def quality(loaded: Any, requests: int, max_tokens: int, timeout_s: float) -> di
         tokens[pool_name(bits)] = res["tokens"]
         path = engine.executor.quantized_attention if bits else "float"
         print(f"quality {pool_name(bits)}: done ({path})", file=sys.stderr)
-    out: dict[str, Any] = {"requests": requests, "max_tokens": max_tokens, "pools": {}}
-    for name, got in tokens.items():
-        agree = agreement(got, tokens["off"])
-        out["pools"][name] = {
-            "greedy_equal_positional": agree["positional"],
-            "greedy_equal_prefix": agree["common_prefix"],
-        }
-    return out
+    return _agreement_report(tokens, requests, max_tokens)
 
 
 def mlx_lm_quality(loaded: Any, requests: int, max_tokens: int) -> dict:
@@ -85,14 +78,7 @@ def mlx_lm_quality(loaded: Any, requests: int, max_tokens: int) -> dict:
 
     prompts = corpus(loaded, requests)
     tokens = {pool_name(b): {i: generate(p, b) for i, p in enumerate(prompts)} for b in BITS}
-    out: dict[str, Any] = {"requests": requests, "max_tokens": max_tokens, "pools": {}}
-    for name, got in tokens.items():
-        agree = agreement(got, tokens["off"])
-        out["pools"][name] = {
-            "greedy_equal_positional": agree["positional"],
-            "greedy_equal_prefix": agree["common_prefix"],
-        }
-    return out
+    return _agreement_report(tokens, requests, max_tokens)
 
 
 def loglik(loaded: Any) -> dict:
@@ -124,5 +110,17 @@ def loglik(loaded: Any) -> dict:
         out["pools"][pool_name(bits)] = {
             "tokens": len(values),
             "mean_loglik": sum(values) / len(values),
+        }
+    return out
+
+
+def _agreement_report(tokens: dict[str, dict], requests: int, max_tokens: int) -> dict:
+    """Each pool's greedy tokens against the float pool's ("off")."""
+    out: dict[str, Any] = {"requests": requests, "max_tokens": max_tokens, "pools": {}}
+    for name, got in tokens.items():
+        agree = agreement(got, tokens["off"])
+        out["pools"][name] = {
+            "greedy_equal_positional": agree["positional"],
+            "greedy_equal_prefix": agree["common_prefix"],
         }
     return out
