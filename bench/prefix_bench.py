@@ -353,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     sys_a, n_a = system_prompt(args.model, args.seed, args.system_tokens)
     sys_b, n_b = system_prompt(args.model, args.seed + 1, args.multi_system_tokens)
     port = args.port or compare.free_port()
+    args.peers = [PEER]  # compare.server_commands' peers: the target is mlx_lm.server's
     cmds = compare.server_commands(args, port)
     cmds[NOCACHE] = [*cmds[OURS], "--disable-prefix-cache"]
     t0 = time.monotonic()

@@ -1,4 +1,4 @@
-"""Speculative decoding (n-gram prompt lookup) against plain decoding, side by side.
+"""Speculative decoding (n-gram prompt lookup, a draft model) against plain decoding.
 
 Two workloads through mlxserve's engine (no HTTP), greedy:
 
@@ -6,12 +6,13 @@ Two workloads through mlxserve's engine (no HTTP), greedy:
 - ``chat``: the chat corpus (``bench/corpus.py``), open-ended answers.
 
 For each workload and concurrency, the same requests run with ``--speculative-method off``
-and ``ngram`` one right after the other, ``--repeats`` times interleaved (so machine load
-hits both alike; the best run of each is reported), each on a fresh engine. Reported:
-output tok/s over the wall time (prefill included) and their ratio, engine steps, the time
-of the decode steps alone, a fit of a decode step's time to the tokens it feeds (the cost
-the adaptive policy weighs), the acceptance rate per proposal position, and whether the
-greedy tokens were identical. Example::
+and each of ``--methods`` (``ngram``; ``draft``, whose draft model is the served model's
+first ``--draft-layers`` layers) one right after the other, ``--repeats`` times interleaved
+(so machine load hits all alike; the best run of each is reported), each on a fresh
+engine. Reported: output tok/s over the wall time (prefill included) and their ratio,
+engine steps, the time of the decode steps alone, a fit of a decode step's time to the
+tokens it feeds (the cost the adaptive policy weighs), the acceptance rate per proposal
+position, and whether the greedy tokens were identical. Example::
 
     .venv/bin/python -m bench.spec_decode --concurrency 1 4 16 --json bench/results/spec.json
 """
@@ -64,8 +65,34 @@ def _chat_ids(tokenizer: Any, text: str) -> list[int]:
     return list(ids)
 
 
+def first_layers_draft(loaded: Any, layers: int) -> Any:
+    """A draft model made of the served model's first ``layers`` decoder layers, its
+    final norm and head (an early-exit "self-draft": the only smaller model with the same
+    vocabulary on a machine without a model hub). Shares the served model's arrays."""
+    import dataclasses
+
+    from mlx.utils import tree_flatten
+
+    model = loaded.model
+    args = dataclasses.replace(model.args, num_hidden_layers=layers)
+    draft = type(model)(args)
+    keep = [
+        (name, w)
+        for name, w in tree_flatten(model.parameters())
+        if not name.startswith("model.layers.") or int(name.split(".")[2]) < layers
+    ]
+    draft.load_weights(keep)
+    return dataclasses.replace(loaded, model=draft, model_id=f"first-{layers}-layers")
+
+
 def run_one(
-    loaded: Any, prompts: list[list[int]], concurrency: int, method: str, max_tokens: int, k: int
+    loaded: Any,
+    prompts: list[list[int]],
+    concurrency: int,
+    method: str,
+    max_tokens: int,
+    k: int,
+    draft: Any = None,
 ) -> dict[str, Any]:
     """Serve ``prompts`` at most ``concurrency`` at a time on a fresh engine."""
     import numpy as np
@@ -79,8 +106,9 @@ def run_one(
         max_running_requests=max(concurrency, 1),
         speculative_method=method,
         num_speculative_tokens=k,
+        draft_model=draft.model_id if method == "draft" else None,
     )
-    engine = build_engine(loaded, config)
+    engine = build_engine(loaded, config, draft=draft if method == "draft" else None)
     engine.start()
     steps: list[tuple[str, int, int, bool, float]] = []
     forward = engine.executor.forward
@@ -171,7 +199,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chat-max-tokens", type=int, default=64)
     p.add_argument("--k", type=int, default=3, help="--num-speculative-tokens")
     p.add_argument(
-        "--repeats", type=int, default=2, help="off/ngram pairs per cell (the best of each)"
+        "--methods", nargs="+", default=["off", "ngram"], choices=["off", "ngram", "draft"]
+    )
+    p.add_argument(
+        "--draft-layers",
+        type=int,
+        default=8,
+        help="the draft method's model: the served model's first N layers",
+    )
+    p.add_argument(
+        "--repeats", type=int, default=2, help="runs of each method per cell (the best of each)"
     )
     p.add_argument("--json", type=Path, help="write the results here")
     args = p.parse_args(argv)
@@ -180,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
 
     loaded = load_model(args.model)
     notes.append(_env.dequantize(loaded.model))
+    methods = ["off"] + [m for m in args.methods if m != "off"]
+    draft = first_layers_draft(loaded, args.draft_layers) if "draft" in methods else None
     results = []
     for workload in args.workloads:
         for c in args.concurrency:
@@ -189,29 +228,33 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 texts, max_tokens = make_prompts(0, n), args.chat_max_tokens
             prompts = [_chat_ids(loaded.tokenizer, t) for t in texts]
-            runs: dict[str, list[dict[str, Any]]] = {"off": [], "ngram": []}
+            runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
             for _ in range(args.repeats):  # interleaved: load changes hit both alike
                 for method in runs:
-                    runs[method].append(run_one(loaded, prompts, c, method, max_tokens, args.k))
-            off, ngram = (max(runs[m], key=lambda r: r["output_tok_s"]) for m in runs)
+                    runs[method].append(
+                        run_one(loaded, prompts, c, method, max_tokens, args.k, draft)
+                    )
+            best = {m: max(runs[m], key=lambda r: r["output_tok_s"]) for m in runs}
+            off = best["off"]
             row = {
                 "workload": workload,
                 "concurrency": c,
                 "requests": n,
                 "mean_prompt_tokens": sum(map(len, prompts)) / n,
                 "max_tokens": max_tokens,
-                "speedup": ngram["output_tok_s"] / off["output_tok_s"],
-                "decode_speedup": off["decode_s"] / ngram["decode_s"],
+                "speedup": {m: best[m]["output_tok_s"] / off["output_tok_s"] for m in best},
+                "decode_speedup": {m: off["decode_s"] / best[m]["decode_s"] for m in best},
                 "all_tok_s": {m: [round(r["output_tok_s"], 2) for r in runs[m]] for m in runs},
                 "identical_tokens": all(
                     r["tokens"] == runs["off"][0]["tokens"] for m in runs for r in runs[m]
                 ),
-                "off": {k: v for k, v in off.items() if k != "tokens"},
-                "ngram": {k: v for k, v in ngram.items() if k != "tokens"},
             }
+            row |= {m: {k: v for k, v in best[m].items() if k != "tokens"} for m in best}
             results.append(row)
             print(json.dumps({k: v for k, v in row.items()}, indent=None), flush=True)
-    out = {"notes": notes, "k": args.k, "results": results}
+    out = {"notes": notes, "k": args.k, "methods": methods, "results": results}
+    if draft is not None:
+        out["draft"] = draft.model_id
     if args.json:
         args.json.write_text(json.dumps(out, indent=2) + "\n")
     return 0

@@ -124,6 +124,7 @@ class MLXExecutor:
             prefix_cache=request.prefix_cache,
             memory_bytes=request.memory_bytes,
             quantization=self.quantization,
+            extra_bytes_per_token=request.extra_bytes_per_token,
         )
         return dataclasses.replace(plan, ragged_attention=ragged)
 

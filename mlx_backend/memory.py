@@ -55,6 +55,7 @@ def plan_memory(
     prefix_cache: bool = False,
     memory_bytes: int = 0,
     quantization: KVQuantization | None = None,
+    extra_bytes_per_token: int = 0,
 ) -> MemoryPlan:
     """Slot counts for every space the model's layers need.
 
@@ -65,7 +66,9 @@ def plan_memory(
     ``memory_bytes`` (0: ``mem_fraction`` of free memory) after those two. The plan's
     ``pool_bytes`` is what all the pools take. Slots are counted in the bytes the pools
     store per token: with ``quantization``, packed values, scales and biases, so the same
-    budget holds more of them.
+    budget holds more of them. ``extra_bytes_per_token`` (a draft model's pools over the
+    same slots) is charged to each full slot when sizing from memory; ``pool_bytes`` counts
+    this model's pools only.
     """
     window = layout.sliding_window
     copies = 2 if prefix_cache else 1
@@ -80,7 +83,8 @@ def plan_memory(
             fixed += states * layout.bytes_per_state_slot
             total = memory_bytes or int(available_memory_bytes() * mem_fraction)
             budget = total - fixed
-            full = min(budget // per_token, max_running_requests * context_length)
+            per_slot = per_token + extra_bytes_per_token
+            full = min(budget // per_slot, max_running_requests * context_length)
             if full < 1:
                 raise MemoryError(f"no room for a KV pool: {budget} bytes left for it")
     elif window and max_total_tokens:

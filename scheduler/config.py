@@ -31,12 +31,17 @@ class EngineConfig:
             state stays float (default: off).
         kv_group_size: values of a K/V head row sharing one scale and bias with --kv-bits.
         speculative_method: propose tokens for decoding rows, verified in the same forward
-            ("ngram": prompt lookup over the request's own prompt and output; "off": none).
-            The output is exactly the model's (greedy: token for token).
+            ("ngram": prompt lookup over the request's own prompt and output; "draft": the
+            greedy continuation of a smaller model, --draft-model; "off": none). The output
+            is exactly the model's (greedy: token for token).
         num_speculative_tokens: the most tokens proposed for a row in one step.
         prompt_lookup_min: the shortest suffix n-gram the ngram method looks up.
         prompt_lookup_max: the longest suffix n-gram the ngram method looks up (longer
             ones are tried first).
+        draft_model: the draft model of --speculative-method draft (a model spec as for
+            --model: a directory, a GGUF file or a Hugging Face id), with the same
+            vocabulary as the served model; its K/V live in pools of its own, written in the
+            same slots as the served model's.
     """
 
     max_total_tokens: int = 0
@@ -48,10 +53,11 @@ class EngineConfig:
     disable_prefix_cache: bool = False
     kv_bits: Literal[8, 4] | None = None
     kv_group_size: Literal[32, 64, 128] = 64
-    speculative_method: Literal["off", "ngram"] = "off"
+    speculative_method: Literal["off", "ngram", "draft"] = "off"
     num_speculative_tokens: int = 3
     prompt_lookup_min: int = 3
     prompt_lookup_max: int = 4
+    draft_model: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_total_tokens < 0:
@@ -70,6 +76,11 @@ class EngineConfig:
             raise ValueError(
                 "need 1 <= prompt_lookup_min <= prompt_lookup_max, got "
                 f"{self.prompt_lookup_min} and {self.prompt_lookup_max}"
+            )
+        if (self.speculative_method == "draft") != bool(self.draft_model):
+            raise ValueError(
+                "--speculative-method draft and --draft-model go together (got method "
+                f"{self.speculative_method!r}, draft model {self.draft_model!r})"
             )
         if not 0 < self.mem_fraction <= 1:
             raise ValueError(f"mem_fraction must be in (0, 1], got {self.mem_fraction}")

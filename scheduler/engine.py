@@ -19,6 +19,7 @@ from typing import Any
 from mlxserve.scheduler.batch import ForwardBatch
 from mlxserve.scheduler.config import EngineConfig
 from mlxserve.scheduler.constraints import Constraint, ConstraintCompiler, GrammarSpec, TokenMasks
+from mlxserve.scheduler.draft import DraftModel
 from mlxserve.scheduler.executor import Executor
 from mlxserve.scheduler.inbox import AbortRequest, AddRequest, ExecutorLost, InboxMessage, Wake
 from mlxserve.scheduler.memory_plan import MemoryPlan, PoolRequest
@@ -42,6 +43,8 @@ class Engine:
         context_length: the model's longest sequence (the pools may cap it further).
         eos_token_ids: tokens that end a request (unless it ignores EOS).
         tokenizer: the model's tokenizer, for grammars (None: no grammar can be compiled).
+        draft: the draft model of ``--speculative-method draft`` (its executor is planned,
+            allocated and closed with this engine's).
     """
 
     def __init__(
@@ -52,8 +55,10 @@ class Engine:
         context_length: int,
         eos_token_ids: Iterable[int] = (),
         tokenizer: Any = None,
+        draft: DraftModel | None = None,
     ) -> None:
         self.executor = executor
+        self.draft = draft
         self.config = config
         self.context_length = context_length
         self.eos_token_ids = sorted(set(eos_token_ids))
@@ -87,6 +92,8 @@ class Engine:
             RuntimeError: the engine failed to set up (the cause is chained).
         """
         self.executor.materialize()
+        if self.draft is not None:
+            self.draft.executor.materialize()
         self._thread = threading.Thread(target=self._run, name="mlxserve-engine", daemon=True)
         self._thread.start()
         # NOTE: an engine thread still running MLX work while the interpreter finalizes
@@ -237,23 +244,30 @@ class Engine:
         scheduler over the same plan."""
         cfg = self.config
         context = self.context_length
-        plan = self.executor.plan(
-            PoolRequest(
-                max_total_tokens=cfg.max_total_tokens,
-                max_running_requests=cfg.max_running_requests,
-                max_prefill_tokens=cfg.max_prefill_tokens,
-                mem_fraction=cfg.mem_fraction,
-                context_length=context,
-                prefix_cache=not cfg.disable_prefix_cache,
-                memory_bytes=cfg.kv_memory_bytes,
-                kv_bits=cfg.kv_bits,
-                kv_group_size=cfg.kv_group_size,
-            )
+        request = PoolRequest(
+            max_total_tokens=cfg.max_total_tokens,
+            max_running_requests=cfg.max_running_requests,
+            max_prefill_tokens=cfg.max_prefill_tokens,
+            mem_fraction=cfg.mem_fraction,
+            context_length=context,
+            prefix_cache=not cfg.disable_prefix_cache,
+            memory_bytes=cfg.kv_memory_bytes,
+            kv_bits=cfg.kv_bits,
+            kv_group_size=cfg.kv_group_size,
         )
+        draft = self.draft
+        if draft is not None:
+            extra = draft.bytes_per_token(request)
+            request = replace(request, extra_bytes_per_token=extra)
+        plan = self.executor.plan(request)
         self.plan = plan
         self.max_context_len = min(context, plan.full_tokens) if plan.full_tokens else context
         self.executor.allocate(plan)
-        self.scheduler = Scheduler(cfg, plan, self.max_context_len, set(self.eos_token_ids))
+        if draft is not None:
+            draft.allocate(request, plan, self.executor.vocab_size)
+        self.scheduler = Scheduler(
+            cfg, plan, self.max_context_len, set(self.eos_token_ids), draft=draft
+        )
         logger.info(
             "%d request rows, context %d, prefill chunk %d",
             cfg.max_running_requests,
@@ -279,6 +293,8 @@ class Engine:
         finally:
             # The pools are freed on the thread that made them.
             self.executor.close()
+            if self.draft is not None:
+                self.draft.close()
 
     def step(self) -> None:
         """One engine step: take inbox messages, then schedule -> forward -> process."""
@@ -310,6 +326,9 @@ class Engine:
             return
         for event in sched.process(batch, out):
             self._deliver(self._requests[event.request_id], event)
+        if self.draft is not None:
+            # After the tokens went out: the draft's K/V of what this step fed.
+            self.draft.sync(batch)
 
     def _audit_slots(self) -> None:
         """Each time the engine goes idle, every slot must be free again (DESIGN.md)."""

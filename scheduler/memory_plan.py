@@ -54,6 +54,8 @@ class PoolRequest:
             ``mem_fraction`` of free memory).
         kv_bits: quantize the K/V pools to this many bits (None: float pools).
         kv_group_size: values per scale and bias of a quantized K/V row.
+        extra_bytes_per_token: bytes another model's pools take per full-attention slot
+            (a draft model's, which shares the slots), counted when sizing automatically.
     """
 
     max_total_tokens: int
@@ -65,6 +67,7 @@ class PoolRequest:
     memory_bytes: int = 0
     kv_bits: int | None = None
     kv_group_size: int = 64
+    extra_bytes_per_token: int = 0
 
 
 @dataclass(frozen=True)

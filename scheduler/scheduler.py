@@ -13,6 +13,7 @@ from mlxserve.scheduler.batch import ForwardBatch, ForwardOutput
 from mlxserve.scheduler.batch_builder import build_forward_batch
 from mlxserve.scheduler.config import EngineConfig
 from mlxserve.scheduler.constraints import GrammarDeadEnd, TokenMasks
+from mlxserve.scheduler.draft import DraftModel
 from mlxserve.scheduler.events import make_event
 from mlxserve.scheduler.logprob_events import record_prompt_logprobs, with_logprobs
 from mlxserve.scheduler.memory_plan import MemoryPlan
@@ -54,8 +55,11 @@ class Scheduler:
         plan: MemoryPlan,
         max_context_len: int,
         eos_token_ids: set[int],
+        draft: DraftModel | None = None,
     ) -> None:
         self.config = config
+        # The draft model of --speculative-method draft (its forwards fill the proposals).
+        self.draft = draft
         self.plan = plan
         self.req_pool = ReqToTokenPool(config.max_running_requests, max_context_len)
         self.spaces = TokenSpaces(self.req_pool, plan.full_tokens, plan.sliding_tokens, plan.window)
@@ -174,11 +178,16 @@ class Scheduler:
     def _with_drafts(self, decoding: list[Request]) -> list[tuple[Request, int]]:
         """Decode rows (one slot each allocated) with the proposals the speculator gives
         them, within the slots free now (proposals never preempt or evict)."""
-        if self.speculator is not None:
+        draft = self.draft
+        if self.speculator is not None and (draft is None or draft.active):
+            if draft is not None:
+                self.speculator.draft_seconds = draft.seconds_per_forward
             self.speculator.propose(decoding, self.spaces.available(), len(decoding))
             for req in decoding:
                 if req.draft_ids:
                     self.spaces.alloc(req, len(req.draft_ids))
+            if draft is not None:
+                draft.fill(decoding, self.spaces)  # the placeholders become tokens
         return [(r, 1 + len(r.draft_ids)) for r in decoding]
 
     def _schedule_prefill(

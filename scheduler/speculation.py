@@ -2,7 +2,8 @@
 verified row emits.
 
 A decoding row normally feeds its last token and gets one new token. With a proposal
-``d_0 .. d_{k-1}`` (``ngram.py``) it feeds ``[last, d_0, .., d_{k-1}]`` in the same forward
+``d_0 .. d_{k-1}`` (``ngram.py``, or a draft model's greedy continuation: ``draft.py``)
+it feeds ``[last, d_0, .., d_{k-1}]`` in the same forward
 as every other row of the step, and the executor samples a token ``y_j`` at each of those
 ``k + 1`` positions exactly as a plain decode step would have at that output position
 (``mlx_backend/spec_verify.py``). The row then emits ``y_0 .. y_m`` where ``m`` is the first
@@ -32,7 +33,10 @@ acceptance rate is ``alpha`` adds ``b D`` seconds for ``alpha D`` expected token
 worth it while ``alpha`` beats the step's current tokens per unit of cost (with a margin,
 ``GAIN_MARGIN``): at batch 1 almost
 any proposal pays (the forward's fixed cost dominates), at batch 32 on the CPU only rows that
-accept most of what they are given are proposed for.
+accept most of what they are given are proposed for. A draft model's proposal of depth ``k``
+also costs ``k`` sequential draft forwards (measured): the step keeps the depth with the
+most expected tokens per second, none if no depth beats the step without proposals.
+A draft proposal is one-hot too (the draft's argmax), so the same verification is exact.
 """
 
 from __future__ import annotations
@@ -63,6 +67,8 @@ GAIN_MARGIN = 1.25
 PROBE_AFTER_STEPS = 16
 # Decode steps remembered for the cost fit.
 COST_SAMPLES = 64
+# What a row's proposal holds between the policy and the draft model's forwards.
+DRAFT_PLACEHOLDER = -1
 
 
 @dataclass
@@ -95,6 +101,14 @@ class StepCost:
         if seconds > 0:
             self._samples.append((tokens, seconds))
 
+    def seconds_per_token(self) -> float | None:
+        """``b``: the recent steps' median of ``seconds / (a/b + tokens)`` (None before any
+        step was measured)."""
+        if not self._samples:
+            return None
+        n, t = np.array(self._samples, np.float64).T
+        return float(np.median(t / (self.overhead_tokens + n)))
+
     @property
     def overhead_tokens(self) -> float:
         if len(self._samples) >= 8:
@@ -116,12 +130,15 @@ class Speculator:
     """
 
     def __init__(self, config: EngineConfig, max_context_len: int) -> None:
+        self.method = config.speculative_method
         self.k = config.num_speculative_tokens
         self.min_n = config.prompt_lookup_min
         self.max_n = config.prompt_lookup_max
         self.max_context_len = max_context_len
         self.stats = SpecStats(accepted_per_pos=[0] * self.k)
         self.cost = StepCost()
+        # Seconds of one draft-model forward (the draft method; set by the scheduler).
+        self.draft_seconds = 0.0
 
     def eligible(self, req: Request) -> bool:
         """The row's tokens can be verified position by position (see the module doc)."""
@@ -156,7 +173,7 @@ class Speculator:
             if probe and not fresh and req.draft_skipped + 1 < PROBE_AFTER_STEPS:
                 req.draft_skipped += 1  # not worth it even as the first proposal
                 continue
-            draft = propose_ngram(req.all_ids(), self.min_n, self.max_n, 1 if probe else cap)
+            draft = self._candidate(req, 1 if probe else cap)
             if draft:
                 candidates.append((req, draft, probe))
         candidates.sort(key=lambda c: -c[0].draft_acceptance)
@@ -174,7 +191,42 @@ class Speculator:
             given += len(draft)
             tokens += len(draft)
             expected += alpha * len(draft)
+        if given and self.method == "draft":
+            given = self._bound_draft_forwards(rows, step_tokens)
         return given
+
+    def _candidate(self, req: Request, n: int) -> list[int]:
+        """Up to ``n`` proposed tokens: the n-gram continuation, or for the draft method
+        ``n`` placeholders the draft model fills once the slots are allocated
+        (``draft.py``)."""
+        if self.method == "draft":
+            return [DRAFT_PLACEHOLDER] * n
+        return propose_ngram(req.all_ids(), self.min_n, self.max_n, n)
+
+    def _bound_draft_forwards(self, rows: list[Request], step_tokens: int) -> int:
+        """Cut the draft method's proposals to the depth worth its forwards; returns the
+        proposed tokens left.
+
+        A proposal of depth ``k`` costs ``k`` sequential forwards of the draft model
+        (``draft_seconds`` each, measured) besides the verified tokens' share of the served
+        model's forward; the depth kept is the one with the most expected tokens per second
+        of the step, none when no depth beats the step without proposals.
+        """
+        b = self.cost.seconds_per_token()
+        if b is None:
+            return sum(len(r.draft_ids) for r in rows)
+        step = b * (self.cost.overhead_tokens + step_tokens)
+        plain = len(rows) / step
+        best, best_rate = 0, plain * GAIN_MARGIN
+        for depth in range(1, max(len(r.draft_ids) for r in rows) + 1):
+            given = sum(min(len(r.draft_ids), depth) for r in rows)
+            gain = sum(_expected(r.draft_acceptance, min(len(r.draft_ids), depth)) for r in rows)
+            rate = (len(rows) + gain) / (step + b * given + depth * self.draft_seconds)
+            if rate > best_rate:
+                best, best_rate = depth, rate
+        for req in rows:
+            req.draft_ids = req.draft_ids[:best]
+        return sum(len(r.draft_ids) for r in rows)
 
     def verify(self, req: Request, draft: list[int], sampled: np.ndarray) -> list[int]:
         """The tokens a row verified against ``draft`` emits: ``sampled[j]`` (the token
@@ -199,6 +251,12 @@ class Speculator:
         return [int(t) for t in sampled[: m + 1]]
 
 
+def _expected(alpha: float, depth: int) -> float:
+    """Expected accepted tokens of a ``depth``-token proposal whose tokens are each
+    accepted with probability ``alpha`` (a run stops at the first rejection)."""
+    return sum(alpha**j for j in range(1, depth + 1))
+
+
 def speculation_for(
     config: EngineConfig, max_context_len: int, recurrent: bool
 ) -> Speculator | None:
@@ -212,11 +270,15 @@ def speculation_for(
             config.speculative_method,
         )
         return None
+    source = (
+        f"draft model {config.draft_model}"
+        if config.speculative_method == "draft"
+        else f"n-grams of {config.prompt_lookup_min}..{config.prompt_lookup_max}"
+    )
     logger.info(
-        "speculative decoding: %s, up to %d tokens a row (n-grams of %d..%d)",
+        "speculative decoding: %s, up to %d tokens a row (%s)",
         config.speculative_method,
         config.num_speculative_tokens,
-        config.prompt_lookup_min,
-        config.prompt_lookup_max,
+        source,
     )
     return Speculator(config, max_context_len)

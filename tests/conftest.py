@@ -195,8 +195,8 @@ def make_engine() -> Iterator[Callable[..., Engine]]:
     """Build started engines; on teardown each must go idle with every slot accounted for."""
     engines: list[Engine] = []
 
-    def build(loaded: LoadedModel, **config) -> Engine:
-        engine = build_engine(loaded, EngineConfig(**config))
+    def build(loaded: LoadedModel, draft: LoadedModel | None = None, **config) -> Engine:
+        engine = build_engine(loaded, EngineConfig(**config), draft=draft)
         engine.start()
         engines.append(engine)
         return engine
