@@ -74,8 +74,8 @@ def first_layers_draft(loaded: Any, layers: int) -> Any:
     from mlx.utils import tree_flatten
 
     model = loaded.model
-    args = dataclasses.replace(model.args, num_hidden_layers=layers)
-    draft = type(model)(args)
+    draft = type(model)(model.args)
+    draft.model.layers = draft.model.layers[:layers]
     keep = [
         (name, w)
         for name, w in tree_flatten(model.parameters())

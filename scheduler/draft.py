@@ -4,13 +4,15 @@ verifies it).
 
 The draft runs through the same executor code as the served model (an ``Executor``), over
 K/V pools of its own that use the served model's slot ids: a token's draft K/V sit in the
-slot its target K/V sit in. That keeps the draft in step for free -- a slot the scheduler
-allocates, rolls back, preempts, trims or hands to the prefix cache means the same for both
-models -- as long as the draft sees every token the target does: after each forward of the
-served model the draft runs over the same batch (``sync``: prompt chunks, decoded tokens,
-the verified proposals). A proposal (``propose``) is then ``k`` one-token greedy forwards of
-the draft over the proposing rows, at the positions whose slots the scheduler allocated for
-the step's verification.
+slot its target K/V sit in, so a slot the scheduler allocates, rolls back, preempts or hands
+to the prefix cache means the same for both models. The draft is fed lazily: a row's
+``draft_len`` says how many of its positions have draft K/V, and only when the policy picks
+a row for a proposal does the draft catch up on the row's tokens since then (its prompt,
+the tokens decoded while it was not proposing, the last token), at most ``CATCH_UP_TOKENS``
+a step; then ``k - 1`` one-token greedy forwards extend the proposal, at the positions whose
+slots the scheduler allocated for the step's verification. A step without proposals costs
+the draft nothing. After verification the row's ``draft_len`` drops to the first rejected
+position (``Scheduler._process_verified``), and preemption resets it.
 
 The draft cannot change the output: its tokens are only proposals, and what the served
 model samples at each fed position decides. Wrong draft K/V (a draft forward that failed
@@ -38,6 +40,9 @@ logger = logging.getLogger(__name__)
 TIMING_WEIGHT = 0.3
 # Slots of the probe plan that measures the draft's bytes per token.
 PROBE_TOKENS = 1024
+# The most of a row's tokens the draft catches up on in one step (its prompt arrives in
+# chunks of this, so a long prompt does not stall a decode step).
+CATCH_UP_TOKENS = 256
 
 
 class DraftModel:
@@ -124,54 +129,67 @@ class DraftModel:
     def propose(self, rows: list[Request], full: TokenSpace) -> None:
         """Replace each row's placeholder proposal (``draft_ids``: as many entries as the
         scheduler allocated slots for) with the draft's greedy tokens; a row whose draft
-        reaches a token id the served model does not have is cut there. On failure every
-        row is left without a proposal and the method turns off.
+        reaches a token id the served model does not have is cut there, and a row still
+        catching up gets none this step. On failure every row is left without a proposal
+        and the method turns off.
 
-        Each row's K/V up to its last token are in the draft's pools (``sync``), so forward
-        ``j`` feeds the row's last token (``j = 0``) or its ``j``-th proposal at position
-        ``computed_len + j``, in the slot verification will write there too.
+        Forward 0 feeds each row's tokens from ``draft_len`` through its last token (or the
+        next ``CATCH_UP_TOKENS`` of them); forward ``j > 0`` feeds the ``j``-th proposed
+        token at position ``computed_len + j``, in the slot verification writes there too.
         """
         wanted = [len(r.draft_ids) for r in rows]
         drafts: list[list[int]] = [[] for _ in rows]
-        fed = [r.token_ids(r.computed_len, r.computed_len + 1)[0] for r in rows]
-        started = time.monotonic()
         try:
-            for j in range(max(wanted)):
-                live = [i for i, n in enumerate(wanted) if n > j]
-                tokens = self._in_vocab(np.array([fed[i] for i in live], np.int32))
-                batch = one_token_batch([rows[i] for i in live], j, tokens, full)
-                tokens = self.executor.forward(batch).next_token_ids
+            starts = [r.draft_len for r in rows]
+            ends = [min(r.computed_len + 1, r.draft_len + CATCH_UP_TOKENS) for r in rows]
+            feeds = [
+                self._in_vocab(np.array(r.token_ids(a, b), np.int32))
+                for r, a, b in zip(rows, starts, ends, strict=True)
+            ]
+            batch = fed_batch(rows, starts, feeds, full)
+            # A catching-up forward costs what its tokens cost, not what a proposal's does.
+            tokens = self._forward(batch, timed=max(map(len, feeds)) <= 2)
+            for i, req in enumerate(rows):
+                req.draft_len = ends[i]
+                if ends[i] == req.computed_len + 1:  # caught up: the first proposal
+                    drafts[i].append(int(tokens[i]))
+            for j in range(1, max(wanted)):
+                live = [i for i, n in enumerate(wanted) if n > j and len(drafts[i]) == j]
+                if not live:
+                    break
+                batch = fed_batch(
+                    [rows[i] for i in live],
+                    [rows[i].computed_len + j for i in live],
+                    [self._in_vocab(np.array(drafts[i][-1:], np.int32)) for i in live],
+                    full,
+                )
+                tokens = self._forward(batch, timed=True)
                 for i, token in zip(live, tokens.tolist(), strict=True):
+                    rows[i].draft_len += 1
                     drafts[i].append(int(token))
-                    fed[i] = int(token)
         except Exception:  # noqa: BLE001 - the draft is an optimisation: never fail a request
             self._fail("a proposal forward")
             drafts = [[] for _ in rows]
-        else:
-            self._time(time.monotonic() - started, max(wanted))
+            for req in rows:
+                req.draft_len = 0  # what it wrote is unknown
         for req, draft in zip(rows, drafts, strict=True):
             cut = next((j for j, t in enumerate(draft) if not 0 <= t < self.vocab_limit), None)
             req.draft_ids = draft if cut is None else draft[:cut]
 
-    def sync(self, batch: ForwardBatch) -> None:
-        """Feed the draft what the served model's ``batch`` fed, into the same slots (the
-        sampled tokens are dropped: only the K/V matter)."""
-        if not self.active:
-            return
-        try:
-            view = draft_view(batch)
-            self.executor.forward(replace(view, input_ids=self._in_vocab(view.input_ids)))
-        except Exception:  # noqa: BLE001 - see propose
-            self._fail("a forward keeping its K/V in step")
-
     def _in_vocab(self, ids: np.ndarray) -> np.ndarray:
         return np.where((ids >= 0) & (ids < self.draft_vocab), ids, 0).astype(np.int32)
 
-    def _time(self, seconds: float, forwards: int) -> None:
-        per = seconds / max(1, forwards)
-        w = TIMING_WEIGHT if self.forwards else 1.0
-        self.seconds_per_forward += w * (per - self.seconds_per_forward)
-        self.forwards += forwards
+    def _forward(self, batch: ForwardBatch, timed: bool) -> np.ndarray:
+        """The draft's greedy tokens for ``batch``; with ``timed`` its seconds go into the
+        mean seconds of a proposal forward (what the policy weighs)."""
+        started = time.monotonic()
+        tokens = self.executor.forward(batch).next_token_ids
+        if timed:
+            seconds = time.monotonic() - started
+            w = TIMING_WEIGHT if self.forwards else 1.0
+            self.seconds_per_forward += w * (seconds - self.seconds_per_forward)
+            self.forwards += 1
+        return tokens
 
     def _fail(self, what: str) -> None:
         logger.exception(
@@ -193,51 +211,39 @@ def greedy(batch_size: int) -> SamplingArrays:
     )
 
 
-def draft_view(batch: ForwardBatch) -> ForwardBatch:
-    """The served model's batch as the draft runs it: the same tokens and slots, greedy
-    sampling of each row's last position only, no vision inputs (the draft is a text
-    model: image placeholders are plain tokens to it) and no recurrent-state copies."""
-    empty = np.zeros((0, 2), np.int32)
-    return replace(
-        batch,
-        sampling=greedy(batch.batch_size),
-        state_copies_in=empty,
-        state_snapshots=empty,
-        embed_rows=None,
-        image_embeddings=None,
-        position_ids=None,
-        spec_lens=None,
-    )
-
-
-def one_token_batch(
-    rows: list[Request], offset: int, tokens: np.ndarray, full: TokenSpace
+def fed_batch(
+    rows: list[Request], starts: list[int], feeds: list[np.ndarray], full: TokenSpace
 ) -> ForwardBatch:
-    """A decode batch feeding ``tokens[i]`` at position ``computed_len + offset`` of
-    ``rows[i]``, into the full space's slot of that position (allocated already)."""
+    """A batch feeding ``feeds[i]`` to ``rows[i]`` from position ``starts[i]``, into the
+    full space's slots of those positions (the row holds them already), each row's last
+    position sampled greedily."""
     B = len(rows)
-    positions = np.array([r.computed_len + offset for r in rows], np.int32)
-    S = int(positions.max()) + 1
-    write = np.zeros((B, 1), np.int32)
+    lens = np.array([len(f) for f in feeds], np.int32)
+    start = np.array(starts, np.int32)
+    ends = start + lens
+    L, S = int(lens.max()), int(ends.max())
+    input_ids = np.zeros((B, L), np.int32)
+    write = np.zeros((B, L), np.int32)
     read = np.zeros((B, S), np.int32)
     for i, req in enumerate(rows):
         table = full.table[req.row]
-        read[i, : positions[i] + 1] = table[: positions[i] + 1]
-        write[i, 0] = table[positions[i]]
+        input_ids[i, : lens[i]] = feeds[i]
+        write[i, : lens[i]] = table[start[i] : ends[i]]
+        read[i, : ends[i]] = table[: ends[i]]
     zeros = np.zeros(B, np.int32)
     return ForwardBatch(
-        phase="decode",
+        phase="prefill" if L > 1 else "decode",
         request_ids=[r.request_id for r in rows],
-        input_ids=np.asarray(tokens, np.int32)[:, None],
-        computed_lens=positions,
-        extend_lens=np.ones(B, np.int32),
+        input_ids=input_ids,
+        computed_lens=start,
+        extend_lens=lens,
         write_slots=write,
         read_slots=read,
-        sliding_write_slots=np.zeros((B, 1), np.int32),
+        sliding_write_slots=np.zeros((B, L), np.int32),
         sliding_read_slots=np.zeros((B, 1), np.int32),
         sliding_read_start=zeros,
         state_slots=zeros,
-        fresh_rows=np.zeros(B, bool),
+        fresh_rows=start == 0,
         sample_rows=np.ones(B, bool),
         sampling=greedy(B),
     )

@@ -326,9 +326,6 @@ class Engine:
             return
         for event in sched.process(batch, out):
             self._deliver(self._requests[event.request_id], event)
-        if self.draft is not None:
-            # After the tokens went out: the draft's K/V of what this step fed.
-            self.draft.sync(batch)
 
     def _audit_slots(self) -> None:
         """Each time the engine goes idle, every slot must be free again (DESIGN.md)."""

@@ -93,6 +93,8 @@ class Request:
     draft_acceptance: float = 0.5
     draft_weights: tuple[float, float] = (0.0, 0.0)
     draft_skipped: int = 0
+    # A draft model's K/V (``draft.py``) are right for positions 0..draft_len-1 of the row.
+    draft_len: int = 0
     _ids_array: np.ndarray | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:

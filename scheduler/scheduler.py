@@ -393,6 +393,8 @@ class Scheduler:
         # K/V are right for the last token and the accepted proposals before the last
         # emitted token (that one is fed next, as after any decode step).
         req.computed_len += len(taken)
+        # A draft model fed the proposals: its K/V are right up to the first rejected one.
+        req.draft_len = min(req.draft_len, req.computed_len)
         self.spaces.free_tail(req, req.allocated_len - req.computed_len)
         self.spaces.trim_window(req)
         if reason is not None:
@@ -473,6 +475,7 @@ class Scheduler:
         self._free_slots(req)
         self.running.remove(req)
         req.computed_len = 0
+        req.draft_len = 0
         req.status = RequestStatus.WAITING
         self.waiting.appendleft(req)
         self.num_preemptions += 1
