@@ -139,6 +139,9 @@ class Speculator:
         self.cost = StepCost()
         # Seconds of one draft-model forward (the draft method; set by the scheduler).
         self.draft_seconds = 0.0
+        # The acceptance rate over every row's recent verifications (decayed counts).
+        self.draft_weights: tuple[float, float] = (0.0, 0.0)
+        self.draft_acceptance = 0.5
 
     def eligible(self, req: Request) -> bool:
         """The row's tokens can be verified position by position (see the module doc)."""
@@ -168,6 +171,11 @@ class Speculator:
             cap = min(self.k, req.remaining_tokens - 1, self.max_context_len - req.seq_len - 1)
             if cap <= 0 or not self.eligible(req):
                 continue
+            if self.method == "draft" and req.draft_weights[1] == 0 and self.draft_weights[1]:
+                # A draft model's acceptance is mostly the pair of models': a new row starts
+                # from the engine's, not from a probe (whose catch-up is the whole prompt).
+                req.draft_weights = self.draft_weights
+                req.draft_acceptance = self.draft_acceptance
             probe = req.draft_acceptance * (ratio + tokens) <= GAIN_MARGIN * expected
             fresh = req.draft_weights[1] == 0
             if probe and not fresh and req.draft_skipped + 1 < PROBE_AFTER_STEPS:
@@ -248,6 +256,9 @@ class Speculator:
         proposed = ACCEPTANCE_DECAY * proposed + k
         req.draft_weights = (accepted, proposed)
         req.draft_acceptance = (accepted + 1) / (proposed + 2)
+        accepted, proposed = self.draft_weights
+        self.draft_weights = (ACCEPTANCE_DECAY * accepted + m, ACCEPTANCE_DECAY * proposed + k)
+        self.draft_acceptance = (self.draft_weights[0] + 1) / (self.draft_weights[1] + 2)
         return [int(t) for t in sampled[: m + 1]]
 
 

@@ -17,7 +17,7 @@ import pytest
 from mlx.utils import tree_flatten
 
 from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
-from mlxserve.scheduler import draft
+from mlxserve.scheduler import draft, speculation
 from mlxserve.scheduler.config import EngineConfig
 from mlxserve.scheduler.request import Request
 from mlxserve.scheduler.sampling_params import SamplingParams
@@ -190,7 +190,7 @@ class TestSampled:
         assert got == want, "a seeded request changed with a draft model"
         assert stats(engine).num_accepted_tokens > 0
 
-    def test_second_token_has_the_model_distribution(self, tiny_llama, make_engine):
+    def test_second_token_has_the_model_distribution(self, tiny_llama, make_engine, monkeypatch):
         """``(first, second)`` token pairs of many unseeded requests fit the model's top-k
         distribution, the second being verified against the draft's argmax (the model
         itself as draft: accepted with its probability, else resampled)."""
@@ -203,6 +203,9 @@ class TestSampled:
             int(t): _filtered_probs(model(mx.array([prompt + [int(t)]]))[0, -1], top_k)
             for t in firsts
         }
+        # Every row proposes (the policy would stop after a few rejections): this checks
+        # the verification's distribution, not the policy.
+        monkeypatch.setattr(speculation, "GAIN_MARGIN", 0.0)
         engine = make_engine(
             tiny_llama, draft=tiny_llama, max_total_tokens=2048, max_running_requests=32, **DRAFT
         )
@@ -334,3 +337,18 @@ class TestSmolLM2:
         assert [f.finish_reason for f in finals] == [f.finish_reason for f in want_finals]
         s = engine.scheduler.speculator.stats
         assert s.num_accepted_tokens >= 0.9 * s.num_draft_tokens > 0, f"draft out of step: {s}"
+
+
+class TestPolicyPrior:
+    def test_a_new_row_starts_from_the_drafts_recent_acceptance(self):
+        s = Speculator(EngineConfig(num_speculative_tokens=3, **DRAFT), 4096)
+        for tokens in (1, 2, 4, 8, 1, 2, 4, 8):
+            s.cost.observe(tokens, 0.1 + 0.005 * tokens)
+        s.draft_seconds = 0.001
+        old = _row(0, 0.5)
+        for _ in range(4):  # a draft that is always wrong
+            s.verify(old, [7, 7, 7], np.array([1, 2, 3, 4]))
+        fresh = _row(1, 0.5)
+        fresh.draft_weights = (0.0, 0.0)
+        assert s.propose([fresh], 100, 1) == 0, "a new row was proposed for"
+        assert fresh.draft_acceptance == s.draft_acceptance < 0.2, fresh.draft_acceptance
