@@ -9,7 +9,6 @@ no model: the forward that decodes the next token verifies it (``speculation.py`
 from __future__ import annotations
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 # Only the most recent tokens are searched: a match far back is rarely the one that
 # continues, and the search is numpy work on the engine thread every step of every row.
@@ -26,13 +25,16 @@ def propose_ngram(ids: np.ndarray, min_n: int, max_n: int, k: int) -> list[int]:
     """
     ids = ids[-SEARCH_WINDOW:]
     L = len(ids)
+    # Earlier occurrences end where the last token occurs again (not at L-1 itself): one
+    # pass over the ids, then each longer match checked at those few ends only.
+    ends = np.flatnonzero(ids[: L - 1] == ids[L - 1])
     for n in range(min(max_n, L - 1), min_n - 1, -1):
-        suffix = ids[L - n :]
-        # Windows starting at 0 .. L-n-1: each has at least one token after it, and the
-        # suffix itself (starting at L-n) is not among them.
-        windows = sliding_window_view(ids[: L - 1], n)
-        hits = np.flatnonzero((windows == suffix).all(axis=1))
-        if hits.size:
-            start = int(hits[-1]) + n
+        found = ends[ends >= n - 1]
+        for j in range(1, n):
+            if not found.size:
+                break
+            found = found[ids[found - j] == ids[L - 1 - j]]
+        if found.size:
+            start = int(found[-1]) + 1
             return ids[start : start + k].tolist()
     return []
