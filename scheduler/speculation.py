@@ -181,6 +181,12 @@ class Speculator:
             if probe and not fresh and req.draft_skipped + 1 < PROBE_AFTER_STEPS:
                 req.draft_skipped += 1  # not worth it even as the first proposal
                 continue
+            if (
+                fresh
+                and self.method == "draft"
+                and any(c[0].draft_weights[1] == 0 for c in candidates)
+            ):
+                continue  # until one verification says how the draft does, one row tries it
             draft = self._candidate(req, 1 if probe else cap)
             if draft:
                 candidates.append((req, draft, probe))

@@ -180,9 +180,11 @@ class TestLazyDraft:
 
 
 class TestSampled:
-    def test_seeded_output_equals_plain(self, tiny_llama, make_engine):
+    def test_seeded_output_equals_plain(self, tiny_llama, make_engine, monkeypatch):
         # The model as its own draft proposes its argmax: accepted where the seeded draw
-        # picks it, rejected elsewhere.
+        # picks it, rejected elsewhere (every row proposes: this checks exactness, not the
+        # policy).
+        monkeypatch.setattr(speculation, "GAIN_MARGIN", 0.0)
         params = {"max_tokens": 30, "temperature": 0.5, "top_k": 5, "seed": 11}
         want, _ = run(make_engine(tiny_llama, max_total_tokens=1024), PROMPTS, **params)
         engine = make_engine(tiny_llama, draft=tiny_llama, max_total_tokens=1024, **DRAFT)
@@ -352,3 +354,11 @@ class TestPolicyPrior:
         fresh.draft_weights = (0.0, 0.0)
         assert s.propose([fresh], 100, 1) == 0, "a new row was proposed for"
         assert fresh.draft_acceptance == s.draft_acceptance < 0.2, fresh.draft_acceptance
+
+    def test_until_a_verification_one_new_row_tries_the_draft(self):
+        s = Speculator(EngineConfig(num_speculative_tokens=3, **DRAFT), 4096)
+        rows = [_row(i, 0.5) for i in range(3)]
+        for row in rows:
+            row.draft_weights = (0.0, 0.0)
+        s.propose(rows, 100, 3)
+        assert [len(r.draft_ids) > 0 for r in rows].count(True) == 1, [r.draft_ids for r in rows]
