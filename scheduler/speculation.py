@@ -142,6 +142,7 @@ class Speculator:
         # The acceptance rate over every row's recent verifications (decayed counts).
         self.draft_weights: tuple[float, float] = (0.0, 0.0)
         self.draft_acceptance = 0.5
+        self._steps_since_probe = 0
 
     def eligible(self, req: Request) -> bool:
         """The row's tokens can be verified position by position (see the module doc)."""
@@ -165,7 +166,8 @@ class Speculator:
         """
         ratio = self.cost.overhead_tokens
         tokens, expected = float(step_tokens), float(len(rows))
-        candidates = []
+        candidates: list[tuple[Request, list[int], bool]] = []
+        self._steps_since_probe += 1
         for req in rows:
             req.draft_ids = []
             cap = min(self.k, req.remaining_tokens - 1, self.max_context_len - req.seq_len - 1)
@@ -178,7 +180,7 @@ class Speculator:
                 req.draft_acceptance = self.draft_acceptance
             probe = req.draft_acceptance * (ratio + tokens) <= GAIN_MARGIN * expected
             fresh = req.draft_weights[1] == 0
-            if probe and not fresh and req.draft_skipped + 1 < PROBE_AFTER_STEPS:
+            if probe and not fresh and not self._may_probe(req, candidates):
                 req.draft_skipped += 1  # not worth it even as the first proposal
                 continue
             if (
@@ -206,8 +208,24 @@ class Speculator:
             tokens += len(draft)
             expected += alpha * len(draft)
         if given and self.method == "draft":
-            given = self._bound_draft_forwards(rows, step_tokens)
+            probes = {id(r) for r, _, probe in candidates if probe}
+            given = self._bound_draft_forwards(
+                [r for r in rows if id(r) not in probes], step_tokens
+            ) + sum(len(r.draft_ids) for r in rows if id(r) in probes)
         return given
+
+    def _may_probe(self, req: Request, candidates: list[tuple[Request, list[int], bool]]) -> bool:
+        """Whether a row the policy passes over gets a one-token probe now: after
+        ``PROBE_AFTER_STEPS`` passed-over steps of its own (n-gram: its text may turn
+        repetitive), or for a draft model, whose acceptance is mostly the pair of models',
+        one row of the engine every ``PROBE_AFTER_STEPS`` steps (each probe costs draft
+        forwards, and its catch-up)."""
+        if self.method != "draft":
+            return req.draft_skipped + 1 >= PROBE_AFTER_STEPS
+        if self._steps_since_probe < PROBE_AFTER_STEPS or any(c[2] for c in candidates):
+            return False
+        self._steps_since_probe = 0
+        return True
 
     def _candidate(self, req: Request, n: int) -> list[int]:
         """Up to ``n`` proposed tokens: the n-gram continuation, or for the draft method
@@ -224,10 +242,11 @@ class Speculator:
         A proposal of depth ``k`` costs ``k`` sequential forwards of the draft model
         (``draft_seconds`` each, measured) besides the verified tokens' share of the served
         model's forward; the depth kept is the one with the most expected tokens per second
-        of the step, none when no depth beats the step without proposals.
+        of the step, none when no depth beats the step without proposals. (Probes are not
+        cut: they measure the draft rather than pay for themselves.)
         """
         b = self.cost.seconds_per_token()
-        if b is None:
+        if b is None or not any(r.draft_ids for r in rows):
             return sum(len(r.draft_ids) for r in rows)
         step = b * (self.cost.overhead_tokens + step_tokens)
         plain = len(rows) / step

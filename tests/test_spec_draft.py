@@ -362,3 +362,14 @@ class TestPolicyPrior:
             row.draft_weights = (0.0, 0.0)
         s.propose(rows, 100, 3)
         assert [len(r.draft_ids) > 0 for r in rows].count(True) == 1, [r.draft_ids for r in rows]
+
+    def test_a_poor_draft_is_probed_by_one_row_every_so_many_steps(self):
+        s = Speculator(EngineConfig(num_speculative_tokens=3, **DRAFT), 4096)
+        for tokens in (1, 2, 4, 8, 1, 2, 4, 8):
+            s.cost.observe(tokens, 0.1 + 0.005 * tokens)
+        rows = [_row(i, 0.05) for i in range(8)]
+        probes = []
+        for _ in range(2 * speculation.PROBE_AFTER_STEPS):
+            s.propose(rows, 100, len(rows))
+            probes.append(sum(len(r.draft_ids) for r in rows))
+        assert sum(probes) == 2 and max(probes) == 1, probes
