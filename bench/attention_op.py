@@ -4,14 +4,19 @@ SmolLM2-135M's shapes (9 query heads over 3 KV heads of dim 64), flat head-major
 ``KVPool`` holds them; 30 layers' pools are cycled so that K/V come from memory, not cache.
 The gather path is what ``PoolKVCacheView`` did before the dispatch (and still does for
 layers that fall back): gather each row's slots padded to the longest row, mask, and
-``mx.fast.scaled_dot_product_attention``. Example::
+``mx.fast.scaled_dot_product_attention``. With ``--kv-bits 8,4`` the op also runs over the
+same pools quantized into packed rows (``--kv-bits``'s pools, group size ``--group-size``),
+side by side with its float32 run, its difference measured against SDPA over the packed
+rows dequantized. Example::
 
     .venv/bin/python -m bench.attention_op --json bench/results/attention_op.json
+    .venv/bin/python -m bench.attention_op --kv-bits 8,4 --json bench/results/attention_quant.json
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -50,11 +55,18 @@ def _time(fn, repeat: int) -> tuple[float, float]:  # noqa: ANN001
     return wall, cpu
 
 
-def run_case(contexts: list[int], q_len: int, repeat: int) -> dict[str, float]:
+def run_case(
+    contexts: list[int],
+    q_len: int,
+    repeat: int,
+    kv_bits: tuple[int, ...] = (),
+    group_size: int = 64,
+) -> dict[str, float]:
     import mlx.core as mx
     import numpy as np
 
     from mlxserve.mlx_backend.attention import native
+    from mlxserve.mlx_backend.kv.quantization import PackedRows
 
     rng = np.random.default_rng(0)
     B, S, L = len(contexts), max(contexts), q_len
@@ -87,8 +99,8 @@ def run_case(contexts: list[int], q_len: int, repeat: int) -> dict[str, float]:
         keys, values = k[flat].swapaxes(0, 1), v[flat].swapaxes(0, 1)
         return mx.fast.scaled_dot_product_attention(q, keys, values, scale=0.125, mask=mask)
 
-    def ragged(layer: int) -> mx.array:
-        k, v = pools[layer]
+    def ragged(layer: int, over=pools, **quant: int) -> mx.array:  # noqa: ANN001
+        k, v = over[layer]
         return native.ragged_attention(
             q,
             k,
@@ -100,6 +112,7 @@ def run_case(contexts: list[int], q_len: int, repeat: int) -> dict[str, float]:
             window=0,
             kv_heads=KV_HEADS,
             rows_per_head=rows,
+            **quant,
         )
 
     diff = mx.max(mx.abs(gathered(0) - ragged(0))).item()
@@ -107,13 +120,27 @@ def run_case(contexts: list[int], q_len: int, repeat: int) -> dict[str, float]:
         _time(gathered, repeat),
         _time(ragged, repeat),
     )
-    return {
+    out = {
         "gather_ms": gather_wall * 1e3,
         "native_ms": native_wall * 1e3,
         "gather_cpu_ms": gather_cpu * 1e3,
         "native_cpu_ms": native_cpu * 1e3,
         "max_abs_diff": diff,
     }
+    for bits in kv_bits:
+        fmt = PackedRows(bits, group_size, DIM, mx.float32)
+        packed = [(fmt.encode(k), fmt.encode(v)) for k, v in pools]
+        mx.eval(packed)
+        quant = {"bits": bits, "group_size": group_size}
+        k, v = (fmt.dequantize(p) for p in packed[0])
+        keys, values = k[flat].swapaxes(0, 1), v[flat].swapaxes(0, 1)
+        ref = mx.fast.scaled_dot_product_attention(q, keys, values, scale=0.125, mask=mask)
+        got = ragged(0, packed, **quant)
+        wall, cpu = _time(functools.partial(ragged, over=packed, **quant), repeat)
+        out[f"native_{bits}bit_ms"] = wall * 1e3
+        out[f"native_{bits}bit_cpu_ms"] = cpu * 1e3
+        out[f"max_abs_diff_{bits}bit"] = mx.max(mx.abs(got - ref)).item()
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,7 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--threads", type=int, default=0, help="kernel threads (0: CPUs)")
+    parser.add_argument("--kv-bits", default="", help="also time quantized pools, e.g. 8,4")
+    parser.add_argument("--group-size", type=int, default=64)
     args = parser.parse_args(argv)
+    kv_bits = tuple(int(b) for b in args.kv_bits.split(",") if b)
     notes = [_env.enable_blas()]
     from mlxserve.mlx_backend.attention import native
 
@@ -129,23 +159,34 @@ def main(argv: list[str] | None = None) -> int:
     if not status.active:
         print(f"native attention off: {status.reason}", file=sys.stderr)
         return 1
+    if kv_bits and not status.quantized:
+        print(f"native attention off for quantized pools: {status.quantized_reason}")
+        return 1
     if args.threads:
         native.set_threads(args.threads)
     results = []
     for name, contexts, q_len in CASES:
-        r = run_case(contexts, q_len, args.repeat)
+        r = run_case(contexts, q_len, args.repeat, kv_bits, args.group_size)
         r["case"] = name
         results.append(r)
+        quantized = "".join(
+            f"  {b}-bit {r[f'native_{b}bit_ms']:7.2f} ms ({r[f'native_{b}bit_cpu_ms']:7.2f} CPU, "
+            f"{r[f'native_{b}bit_cpu_ms'] / r['native_cpu_ms']:.2f}x, "
+            f"diff {r[f'max_abs_diff_{b}bit']:.1e})"
+            for b in kv_bits
+        )
         print(
             f"{name:40s} gather {r['gather_ms']:8.2f} ms ({r['gather_cpu_ms']:8.2f} CPU)  "
             f"native {r['native_ms']:7.2f} ms ({r['native_cpu_ms']:7.2f} CPU)  "
-            f"max diff {r['max_abs_diff']:.1e}"
+            f"max diff {r['max_abs_diff']:.1e}{quantized}"
         )
     report = {
         "versions": _env.mlx_versions(),
         "load_before": os.getloadavg()[0],
         "notes": notes,
-        "kernel": status.reason,
+        "kernel": status.describe(),
+        "kv_bits": list(kv_bits),
+        "group_size": args.group_size,
         "threads": native.threads(),
         "results": results,
     }

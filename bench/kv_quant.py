@@ -129,6 +129,8 @@ def speed(
             # Per step, the float pool's time over this one's: tok/s relative to float.
             "x_off_tok_s": statistics.median(t[0] / t[i] for t in full),
             "prefill_s": sum(t[i] for t in prefill),
+            # What served attention (the native op or a quantized path), as logged.
+            "attention": fan.executors[i].attention.path,
         }
     return out
 

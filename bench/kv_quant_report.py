@@ -104,6 +104,11 @@ def markdown(result: dict[str, Any]) -> str:
                 f"{_x(c['x_off_tok_s'])} | {c['prefill_s']:.1f} |"
             )
         lines.append("")
+        paths = [(n, c["attention"]) for n, c in sp["configs"].items() if c.get("attention")]
+        if paths:
+            lines += ["Attention per configuration (the start-up log's line):", ""]
+            lines += [f"- {name}: {path}" for name, path in paths]
+            lines.append("")
         best = sp["configs"]["8-bit folded"]["x_off_tok_s"]
         targets.append(
             ("8-bit decode tok/s >= 0.9x the float pool (CPU default path)", _x(best), best >= 0.9)
@@ -164,12 +169,14 @@ def markdown(result: dict[str, Any]) -> str:
 NOTES = [
     "Notes:",
     "",
-    "- Attention path per backend: on the CPU, `folded` (mlxserve's attention over the packed "
-    "rows, `mlx_backend/kv/packed_attention.py`): MLX's CPU `quantized_matmul` is a naive "
-    "kernel, so mlx-lm's quantized SDPA is the slowest path, and dequantizing every gathered "
-    "value (even with plain ops, 3x faster than `mx.dequantize` and bit-identical) costs more "
-    "than the float pool's whole read; folding the scales and biases into the scores converts "
-    "each packed value to float once. On Metal, `quantized-sdpa` (mlx-lm's own), whose "
+    "- Attention path per backend: on the CPU, `folded`: with the native op active (the "
+    "default build), the native ragged op reads the packed rows in place and dequantizes "
+    "each K/V row in the kernel (no gather, no padding, packed steps as over the float "
+    "pool); without it, mlxserve's attention over the gathered packed rows "
+    "(`mlx_backend/kv/packed_attention.py`), which folds the scales and biases into the "
+    "scores. MLX's CPU `quantized_matmul` is a naive kernel, so mlx-lm's quantized SDPA is "
+    "the slowest path, and dequantizing every gathered value with MLX ops costs more than "
+    "the float pool's whole read. On Metal, `quantized-sdpa` (mlx-lm's own), whose "
     "`quantized_matmul` is a real kernel; not measured here (no Metal on this machine).",
     "- 4-bit K/V costs SmolLM2-135M most of its greedy agreement; mlx-lm's own "
     "`QuantizedKVCache(64, 4)` does the same (generating alone, 3 of the first 4 corpus "

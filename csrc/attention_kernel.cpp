@@ -17,6 +17,10 @@
 //   acc     = acc * exp(m - m') + sum_j p[r, j] * v_j
 //
 // and the result is acc / sum (with the sink logit, if any, counted in sum).
+//
+// Over quantized pools (args.bits > 0) each chunk's K and V rows are first
+// dequantized (code * scale + bias per group) into per-task float buffers, and
+// the same loops run on those: the float32 path is the same code as before.
 
 #include "attention_kernel.h"
 
@@ -224,9 +228,53 @@ RowBounds bounds(const AttentionArgs& a, int b, int l, int c0, int c1) {
   return {lo, hi};
 }
 
-}  // namespace
+// Bytes of one packed row of dim values (attention_kernel.h).
+inline int64_t packed_row_bytes(int dim, int bits, int group) {
+  return static_cast<int64_t>(dim) * bits / 8 + 2 * 4 * static_cast<int64_t>(dim / group);
+}
 
-void run_task(const AttentionArgs& a, const AttentionTask& t) {
+// The most groups a row may have (head dim 512 in groups of 32).
+constexpr int kMaxGroups = kMaxHeadDim / 32;
+
+// One packed row (attention_kernel.h) of dim values into out[0, dim): code *
+// scale + bias per group. The scales and biases are copied out first: the row
+// is bytes, so they may not be read through a float pointer.
+void dequantize_row(const unsigned char* __restrict row, int dim, int bits, int group,
+                    float* __restrict out) {
+  const int groups = dim / group;
+  float scales[kMaxGroups];
+  float biases[kMaxGroups];
+  const unsigned char* side = row + dim * bits / 8;
+  __builtin_memcpy(scales, side, sizeof(float) * groups);
+  __builtin_memcpy(biases, side + sizeof(float) * groups, sizeof(float) * groups);
+  if (bits == 8) {
+    for (int g = 0; g < groups; ++g) {
+      const unsigned char* __restrict c = row + g * group;
+      float* __restrict o = out + g * group;
+      const float s = scales[g], b = biases[g];
+      for (int i = 0; i < group; ++i) {
+        o[i] = static_cast<float>(c[i]) * s + b;
+      }
+    }
+    return;
+  }
+  // 4 bits: byte i holds elements 2i (low nibble) and 2i + 1 (high nibble).
+  const int half = group / 2;
+  for (int g = 0; g < groups; ++g) {
+    const unsigned char* __restrict c = row + g * half;
+    float* __restrict o = out + g * group;
+    const float s = scales[g], b = biases[g];
+    for (int i = 0; i < half; ++i) {
+      o[2 * i] = static_cast<float>(c[i] & 15) * s + b;
+      o[2 * i + 1] = static_cast<float>(c[i] >> 4) * s + b;
+    }
+  }
+}
+
+// run_task over float32 pools (kQuantized false: exactly the float kernel) or
+// over packed rows dequantized chunk by chunk into this task's buffers.
+template <bool kQuantized>
+void run_task_on(const AttentionArgs& a, const AttentionTask& t) {
   const int G = a.Hq / a.Hkv;
   const int nl = t.l1 - t.l0;
   const int Q = nl * G;
@@ -272,23 +320,45 @@ void run_task(const AttentionArgs& a, const AttentionTask& t) {
   const int64_t k_base = static_cast<int64_t>(t.h) * a.rows_per_head;
   const bool transpose = Q >= kTransposeRows;
   float kt[kChunk * kMaxHeadDim];  // the chunk of K, transposed (prefill only)
+  // Quantized pools: the chunk's K and V rows dequantized, Dk / Dv floats apart.
+  constexpr int kDequantFloats = kQuantized ? kChunk * kMaxHeadDim : 1;
+  [[maybe_unused]] float kdq[kDequantFloats];
+  [[maybe_unused]] float vdq[kDequantFloats];
+  const int64_t k_bytes = kQuantized ? packed_row_bytes(Dk, a.bits, a.group_size) : Dk * 4;
+  const int64_t v_bytes = kQuantized ? packed_row_bytes(Dv, a.bits, a.group_size) : Dv * 4;
   for (int cs = first; cs <= last; cs += kChunk) {
     const int n = last + 1 - cs < kChunk ? last + 1 - cs : kChunk;
     for (int j = 0; j < n; ++j) {
       const int64_t row = k_base + slots[cs + j];
-      krow[j] = a.k + row * a.k_row;
-      vrow[j] = a.v + row * a.v_row;
+      if constexpr (kQuantized) {
+        dequantize_row(a.k_packed + row * a.k_packed_row, Dk, a.bits, a.group_size,
+                       kdq + j * Dk);
+        dequantize_row(a.v_packed + row * a.v_packed_row, Dv, a.bits, a.group_size,
+                       vdq + j * Dv);
+        krow[j] = kdq + j * Dk;
+        vrow[j] = vdq + j * Dv;
+      } else {
+        krow[j] = a.k + row * a.k_row;
+        vrow[j] = a.v + row * a.v_row;
+      }
     }
     // The next chunk's rows are scattered over the pool: ask for them now.
     const int next_n = last + 1 - (cs + kChunk) < kChunk ? last + 1 - (cs + kChunk) : kChunk;
     for (int j = 0; j < next_n; ++j) {
       const int64_t row = k_base + slots[cs + kChunk + j];
-      const char* kp = reinterpret_cast<const char*>(a.k + row * a.k_row);
-      const char* vp = reinterpret_cast<const char*>(a.v + row * a.v_row);
-      for (int byte = 0; byte < Dk * 4; byte += 64) {
+      const char* kp;
+      const char* vp;
+      if constexpr (kQuantized) {
+        kp = reinterpret_cast<const char*>(a.k_packed + row * a.k_packed_row);
+        vp = reinterpret_cast<const char*>(a.v_packed + row * a.v_packed_row);
+      } else {
+        kp = reinterpret_cast<const char*>(a.k + row * a.k_row);
+        vp = reinterpret_cast<const char*>(a.v + row * a.v_row);
+      }
+      for (int64_t byte = 0; byte < k_bytes; byte += 64) {
         __builtin_prefetch(kp + byte);
       }
-      for (int byte = 0; byte < Dv * 4; byte += 64) {
+      for (int64_t byte = 0; byte < v_bytes; byte += 64) {
         __builtin_prefetch(vp + byte);
       }
     }
@@ -363,6 +433,16 @@ void run_task(const AttentionArgs& a, const AttentionTask& t) {
     for (int d = 0; d < Dv; ++d) {
       dst[d] = ar[d] * inv;
     }
+  }
+}
+
+}  // namespace
+
+void run_task(const AttentionArgs& a, const AttentionTask& t) {
+  if (a.bits > 0) {
+    run_task_on<true>(a, t);
+  } else {
+    run_task_on<false>(a, t);
   }
 }
 

@@ -17,6 +17,7 @@ namespace mlxserve {
 //   q      [B, Hq, L, Dk]  any strides; query n (of N = B * L) is q[n / L, :, n % L]
 //   k      [Hkv * rows_per_head, Dk]  row stride k_row, unit column stride
 //   v      [Hkv * rows_per_head, Dv]  likewise
+//          (bits > 0: k and v are null and k_packed / v_packed hold the pools)
 //   slots  [T, S]          a table of key slots (row stride slots_row)
 //   meta   [R, 6]          one run of queries per entry (kMeta* below)
 //   sinks  [Hq] or null    one extra logit per query head (gpt-oss)
@@ -29,6 +30,17 @@ namespace mlxserve {
 // j > p - window when window > 0). A padded [B, L] batch has one run per row
 // (q_first = b * L); a packed batch of one-token rows has one run per
 // sequence, whose queries are consecutive rows sharing one slots row.
+//
+// Quantized pools (bits 8 or 4, mlx_backend/kv/quantization.py): a pool row is
+// the bytes of what mx.quantize makes of one token's head, side by side:
+//
+//   [0, D * bits / 8)          values; element i in bits [bits * i, bits * (i + 1))
+//                              (8 bits: one byte each; 4 bits: low nibble first)
+//   [.., + 4 * D / group)      float32 scales, one per group of group_size values
+//   [.., + 4 * D / group)      float32 biases: value = code * scale + bias
+//
+// with row strides k_packed_row / v_packed_row in bytes. The kernel dequantizes
+// each chunk's rows into a per-task float buffer and runs the float loops on it.
 enum MetaField {
   kMetaSlotRow = 0,
   kMetaKeyCount = 1,
@@ -55,6 +67,13 @@ struct AttentionArgs {
   int64_t rows_per_head;
   float scale;
   int window;
+  // Quantized pools (bits > 0; 0: float32 pools k and v).
+  const unsigned char* k_packed;
+  int64_t k_packed_row;
+  const unsigned char* v_packed;
+  int64_t v_packed_row;
+  int bits;
+  int group_size;
 };
 
 // One unit of work: the queries [l0, l1) of run b on KV head h (all Hq / Hkv

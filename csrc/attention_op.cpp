@@ -211,6 +211,11 @@ void require(bool ok, const std::string& what) {
   }
 }
 
+// uint32 words of one packed row of dim values (float32 scales and biases).
+int64_t packed_row_words(int64_t dim, int bits, int group_size) {
+  return (dim * bits / 8 + 2 * 4 * (dim / group_size)) / 4;
+}
+
 }  // namespace
 
 std::string kernel_isa() {
@@ -228,21 +233,42 @@ mx::array ragged_attention(
     int window,
     int kv_heads,
     int64_t rows_per_head,
+    int bits,
+    int group_size,
     mx::StreamOrDevice s) {
   require(queries.ndim() == 4, "queries must be [B, Hq, L, D]");
   require(k_pool.ndim() == 2 && v_pool.ndim() == 2, "pools must be [Hkv * rows, D]");
-  require(queries.dtype() == mx::float32 && k_pool.dtype() == mx::float32 &&
-              v_pool.dtype() == mx::float32,
-          "queries and pools must be float32");
+  require(queries.dtype() == mx::float32, "queries must be float32");
   require(slots.dtype() == mx::int32 && meta.dtype() == mx::int32,
           "slots and meta must be int32");
   const int B = queries.shape(0), Hq = queries.shape(1), Dk = queries.shape(3);
-  const int Dv = v_pool.shape(1);
+  int Dv = v_pool.shape(1);
+  if (bits == 0) {
+    require(k_pool.dtype() == mx::float32 && v_pool.dtype() == mx::float32,
+            "pools must be float32 (or packed uint32 rows with bits 8 or 4)");
+    require(k_pool.shape(1) == Dk, "queries and keys must have the same head dim");
+  } else {
+    require(bits == 8 || bits == 4, "bits must be 8 or 4 (0: float32 pools)");
+    require(group_size == 32 || group_size == 64 || group_size == 128,
+            "group_size must be 32, 64 or 128");
+    require(k_pool.dtype() == mx::uint32 && v_pool.dtype() == mx::uint32,
+            "quantized pools must be uint32 packed rows");
+    require(Dk % group_size == 0, "the group size must divide the key head dim");
+    require(k_pool.shape(1) == packed_row_words(Dk, bits, group_size),
+            "key pool rows are not packed rows of the queries' head dim");
+    // A packed row of Dv values is Dv * (bits * group + 64) / (32 * group) words.
+    const int64_t words = v_pool.shape(1);
+    const int64_t per = bits * group_size + 64;
+    require(words * 32 * group_size % per == 0, "value pool rows are not packed rows");
+    Dv = static_cast<int>(words * 32 * group_size / per);
+    require(Dv > 0 && Dv % group_size == 0 &&
+                packed_row_words(Dv, bits, group_size) == words,
+            "value pool rows are not packed rows");
+  }
   require(kv_heads > 0 && Hq % kv_heads == 0, "query heads must be a multiple of KV heads");
   require(rows_per_head > 0 && k_pool.shape(0) == kv_heads * rows_per_head &&
               v_pool.shape(0) == k_pool.shape(0),
           "pools must hold kv_heads * rows_per_head rows");
-  require(k_pool.shape(1) == Dk, "queries and keys must have the same head dim");
   require(Dk <= kMaxHeadDim && Dv <= kMaxHeadDim, "head dim above the kernel's limit");
   const int G = Hq / kv_heads;
   require(G <= kMaxTaskQueries && G * std::max(Dk, Dv) <= 8192,
@@ -261,7 +287,8 @@ mx::array ragged_attention(
       {B, queries.shape(2), Hq, Dv},
       mx::float32,
       std::make_shared<RaggedAttention>(
-          stream, scale, window, kv_heads, rows_per_head, sinks.has_value()),
+          stream, scale, window, kv_heads, rows_per_head, sinks.has_value(), bits, group_size,
+          Dv),
       inputs);
   return mx::transpose(out, {0, 2, 1, 3}, s);
 }
@@ -283,10 +310,20 @@ void RaggedAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
   for (int i = 0; i < 4; ++i) {
     a.q_stride[i] = q.strides(i);
   }
-  a.k = k.data<float>();
-  a.k_row = k.strides(0);
-  a.v = v.data<float>();
-  a.v_row = v.strides(0);
+  if (bits_ == 0) {
+    a.k = k.data<float>();
+    a.k_row = k.strides(0);
+    a.v = v.data<float>();
+    a.v_row = v.strides(0);
+  } else {
+    // Packed rows are read as bytes; their strides are in uint32 words.
+    a.k_packed = reinterpret_cast<const unsigned char*>(k.data<uint32_t>());
+    a.k_packed_row = k.strides(0) * 4;
+    a.v_packed = reinterpret_cast<const unsigned char*>(v.data<uint32_t>());
+    a.v_packed_row = v.strides(0) * 4;
+    a.bits = bits_;
+    a.group_size = group_size_;
+  }
   a.slots = slots.data<int32_t>();
   a.slots_row = slots.strides(0);
   a.meta = meta.data<int32_t>();
@@ -297,7 +334,7 @@ void RaggedAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
   a.L = q.shape(2);
   a.Dk = q.shape(3);
   a.Hkv = kv_heads_;
-  a.Dv = v.shape(1);
+  a.Dv = value_dim_;
   a.S = slots.shape(1);
   a.T = slots.shape(0);
   a.R = meta.shape(0);
@@ -319,13 +356,14 @@ void RaggedAttention::eval_gpu(const std::vector<mx::array>&, mx::array&) {
 
 std::vector<mx::Shape> RaggedAttention::output_shapes(const std::vector<mx::array>& inputs) {
   const auto& q = inputs[0];
-  return {{q.shape(0), q.shape(2), q.shape(1), inputs[2].shape(1)}};
+  return {{q.shape(0), q.shape(2), q.shape(1), value_dim_}};
 }
 
 bool RaggedAttention::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const RaggedAttention&>(other);
   return scale_ == o.scale_ && window_ == o.window_ && kv_heads_ == o.kv_heads_ &&
-      rows_per_head_ == o.rows_per_head_ && has_sinks_ == o.has_sinks_;
+      rows_per_head_ == o.rows_per_head_ && has_sinks_ == o.has_sinks_ && bits_ == o.bits_ &&
+      group_size_ == o.group_size_ && value_dim_ == o.value_dim_;
 }
 
 }  // namespace mlxserve

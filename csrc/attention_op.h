@@ -17,6 +17,10 @@ namespace mx = mlx::core;
 // Returns [B, Hq, L, Dv] (a transposed view of a [B, L, Hq, Dv] buffer, so the
 // model's own transpose back to [B, L, Hq * Dv] is free). See
 // attention_kernel.h for the meaning of slots and meta.
+//
+// bits 0: float32 pools. bits 8 or 4: uint32 pools of packed rows (values,
+// float32 scales and biases per group of group_size; attention_kernel.h), whose
+// row width gives Dv.
 mx::array ragged_attention(
     const mx::array& queries,
     const mx::array& k_pool,
@@ -28,6 +32,8 @@ mx::array ragged_attention(
     int window,
     int kv_heads,
     int64_t rows_per_head,
+    int bits = 0,
+    int group_size = 0,
     mx::StreamOrDevice s = {});
 
 // Which kernel build this CPU runs ("x86-64-v3", "x86-64-v2", "arm64").
@@ -41,13 +47,19 @@ class RaggedAttention : public mx::UnaryPrimitive {
       int window,
       int kv_heads,
       int64_t rows_per_head,
-      bool has_sinks)
+      bool has_sinks,
+      int bits,
+      int group_size,
+      int value_dim)
       : mx::UnaryPrimitive(stream),
         scale_(scale),
         window_(window),
         kv_heads_(kv_heads),
         rows_per_head_(rows_per_head),
-        has_sinks_(has_sinks) {}
+        has_sinks_(has_sinks),
+        bits_(bits),
+        group_size_(group_size),
+        value_dim_(value_dim) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
@@ -64,6 +76,9 @@ class RaggedAttention : public mx::UnaryPrimitive {
   int kv_heads_;
   int64_t rows_per_head_;
   bool has_sinks_;
+  int bits_;        // 0: float32 pools
+  int group_size_;  // quantized pools only
+  int value_dim_;   // Dv (a packed row's width in words is not it)
 };
 
 }  // namespace mlxserve

@@ -36,9 +36,12 @@ NB_MODULE(_native, m) {
       "window"_a,
       "kv_heads"_a,
       "rows_per_head"_a,
+      "bits"_a = 0,
+      "group_size"_a = 0,
       "stream"_a = nb::none(),
       "Attention of [B, Hq, L, D] queries over the pool rows their slots name "
-      "(see csrc/attention_kernel.h). Returns [B, Hq, L, Dv].");
+      "(see csrc/attention_kernel.h): float32 pools (bits 0) or packed uint32 rows "
+      "(bits 8 or 4, group_size 32, 64 or 128). Returns [B, Hq, L, Dv].");
   m.def(
       "set_threads",
       [](int n) { mlxserve::ThreadPool::instance().set_threads(n); },

@@ -106,13 +106,10 @@ class MLXExecutor:
         if request.kv_bits is None:
             self.attention = plan_attention(self.model, self.layout)
         else:
-            # The native op reads float32 pools only: quantized pools take one of the
-            # quantized paths for every layer (no ragged layer, so no packed steps).
             self.quantization = KVQuantization(request.kv_bits, request.kv_group_size)
             self.layout.check_quantization(self.quantization)
             self.quantized_attention = self._quantized_path(self.quantization)
-            described = _ATTENTION_LOG[self.quantized_attention]
-            self.attention = AttentionPlan(frozenset(), f"quantized K/V pools: {described}")
+            self.attention = self._quantized_plan(self.quantization)
         ragged = self._all_ragged()
         plan = plan_memory(
             self.layout,
@@ -147,6 +144,23 @@ class MLXExecutor:
             path = "dequantize"
         return path
 
+    def _quantized_plan(self, quantization: KVQuantization) -> AttentionPlan:
+        """Quantized pools on the CPU's "folded" path: the native op (in-kernel
+        dequantization) serves the layers it can, so with every layer on it steps run packed
+        and unsplit as over float pools; the other layers, and every layer on another path
+        (Metal's quantized SDPA, a path asked for by name), keep ``quantized_attention``."""
+        described = _ATTENTION_LOG[self.quantized_attention]
+        if self.quantized_attention != "folded":
+            return AttentionPlan(frozenset(), f"quantized K/V pools: {described}")
+        plan = plan_attention(self.model, self.layout, quantization)
+        if not plan.ragged_layers:
+            path = f"quantized K/V pools: {described} ({plan.path})"
+            return AttentionPlan(frozenset(), path, plan.fallbacks)
+        path = f"quantized K/V pools: {plan.path}"
+        if plan.fallbacks:
+            path += f"; the other layers: {described}"
+        return dataclasses.replace(plan, path=path)
+
     def allocate(self, plan: MemoryPlan) -> None:
         if self.layout is None:
             self.layout = probe_layout(self.model)
@@ -162,7 +176,7 @@ class MLXExecutor:
         self.blas_threads = cpu_thread_policy()
         logger.info("attention: %s", self.attention.path)
         for index, why in sorted(self.attention.fallbacks.items()):
-            logger.info("attention layer %d keeps MLX's SDPA over gathered K/V: %s", index, why)
+            logger.info("attention layer %d does not take the native op: %s", index, why)
         mib = 2**-20
         logger.info(
             "KV pools (%s): %d full-attention slots (%.1f MiB), %d sliding-window slots "

@@ -8,6 +8,7 @@ architecture's ragged layers really reached the native op.
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import mlx.core as mx
@@ -139,6 +140,43 @@ class TestRuntimeFallback:
         q = mx.ones((1, 4, 1, 16))
         dispatch.scaled_dot_product_attention(q, keys * 2, values, view, 0.25, view.make_mask(1))
         assert warned == ["the K/V passed are not the ones the cache returned"], warned
+
+
+@needs_native
+class TestQuantizedVariantStatus:
+    def test_failed_quantized_self_test_turns_off_only_that_variant(self, monkeypatch):
+        monkeypatch.delenv(native.ENV_SWITCH, raising=False)
+        monkeypatch.setattr(native, "_quantized_self_test", lambda module: "max difference 1e0")
+        status = native._load()
+        assert status.active and not status.quantized, status
+        assert "quantized self-test failed: max difference 1e0" in status.quantized_reason, status
+        assert "quantized pools: not by the native op" in status.describe(), status.describe()
+
+    def test_plan_over_quantized_pools_follows_the_variant(self, tiny_llama, monkeypatch):
+        from mlxserve.mlx_backend.kv.quantization import KVQuantization
+
+        model = tiny_llama.model
+        layout = probe_layout(model)
+        quant = KVQuantization(8, 32)
+        on = dispatch.plan_attention(model, layout, quant)
+        assert on.ragged_layers == {s.pool_index for s in layout.attention}, on.fallbacks
+        assert "dequantized in the kernel" in on.path, on.path
+        off = dataclasses.replace(
+            native.native_status(), quantized=False, quantized_reason="not by the op (test)"
+        )
+        monkeypatch.setattr(native, "_status", off)
+        plan = dispatch.plan_attention(model, layout, quant)
+        assert plan.ragged_layers == frozenset() and "not by the op (test)" in plan.path, plan
+        assert dispatch.plan_attention(model, layout).ragged_layers == on.ragged_layers, (
+            "float pools keep the op when only the quantized variant is off"
+        )
+
+    def test_version_line_says_how_quantized_pools_are_read(self):
+        from mlxserve.server.lifecycle.loading import attention_line
+
+        line = attention_line()
+        status = native.native_status()
+        assert line.startswith(status.reason) and "quantized pools:" in line, line
 
 
 class TestPureMlxPath:

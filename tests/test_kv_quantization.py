@@ -9,7 +9,9 @@ attention takes decides what "equal" means, and each test's name says which hold
   quantized attention on the pool's packed rows: greedy tokens equal the reference
   exactly, whatever the batching.
 - ``folded`` (the CPU default) and ``dequantize`` compute the same attention in another
-  order: greedy tokens equal on these prompts.
+  order: greedy tokens equal on these prompts. With the native op active, "folded" runs
+  the op on the packed pools (in-kernel dequantization, every layer ragged, packed steps);
+  ``native_off`` forces MLX's folded attention for the tests of that path.
 
 Logprobs agree within the tolerances of ``tests/quantized_reference.py`` on every path
 (not bit for bit: a last-bit difference upstream can move a value across a quantization
@@ -21,6 +23,7 @@ The tiny llama has head dim 32 (the smallest group size is 32) and, with
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 
@@ -31,6 +34,7 @@ from mlx_lm.models import llama
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
 from mlxserve.mlx_backend.attention import dispatch as attention_dispatch
+from mlxserve.mlx_backend.attention import native
 from mlxserve.mlx_backend.executor import MLXExecutor
 from mlxserve.mlx_backend.kv import cache_view
 from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
@@ -47,6 +51,10 @@ from tests.quantized_reference import (
 )
 
 MLX_LM_SDPA = attention_dispatch._mlx_lm_sdpa
+NATIVE_QUANTIZED = native.native_status().quantized
+needs_native_quantized = pytest.mark.skipif(
+    not NATIVE_QUANTIZED, reason=native.native_status().quantized_reason
+)
 
 PROMPT_LENGTHS = (3, 11, 5, 40, 1, 9, 26)
 MAX_TOKENS = 12
@@ -91,6 +99,16 @@ def quant_engine() -> Iterator[Callable[..., Engine]]:
 
     yield build
     audit_and_stop(engines)
+
+
+@pytest.fixture
+def native_off(monkeypatch) -> None:
+    """The native op declines quantized pools (as when its quantized self-test failed):
+    "folded" runs MLX's folded attention."""
+    off = dataclasses.replace(
+        native.native_status(), quantized=False, quantized_reason="switched off by a test"
+    )
+    monkeypatch.setattr(native, "_status", off)
 
 
 def references(loaded, prompts, bits, group_size, max_tokens=MAX_TOKENS):
@@ -139,13 +157,18 @@ class TestQuantizedSdpaPathIsExact:
 
 
 class TestFoldedAndDequantizePathsWithinTolerance:
-    @pytest.mark.parametrize("path", ["folded", "dequantize"])
+    @pytest.mark.parametrize("path", ["folded", "folded-mlx", "dequantize"])
     @pytest.mark.parametrize(
         ("bits", "head_dim", "group_size"), [(8, 32, 32), (4, 64, 32), (4, 64, 64)]
     )
     def test_concurrent_requests_match_mlx_lm_within_tolerance(
-        self, llama32, llama64, quant_engine, path, bits, head_dim, group_size
+        self, llama32, llama64, quant_engine, monkeypatch, path, bits, head_dim, group_size
     ):
+        # "folded": the native op where it is active; "folded-mlx": MLX's folded attention.
+        if path == "folded-mlx":
+            off = dataclasses.replace(native.native_status(), quantized=False)
+            monkeypatch.setattr(native, "_status", off)
+            path = "folded"
         loaded = llama32 if head_dim == 32 else llama64
         prompts = prompts_for()
         refs = references(loaded, prompts, bits, group_size)
@@ -162,7 +185,9 @@ class TestFoldedAndDequantizePathsWithinTolerance:
         label = f"{path} {bits}-bit d{head_dim} g{group_size}"
         assert_matches(label, run_greedy(engine, prompts, MAX_TOKENS), refs)
 
-    def test_folded_path_runs_its_own_attention(self, llama32, quant_engine, monkeypatch):
+    def test_folded_path_runs_its_own_attention(
+        self, llama32, quant_engine, monkeypatch, native_off
+    ):
         calls = []
         original = cache_view.folded_attention
 
@@ -176,6 +201,64 @@ class TestFoldedAndDequantizePathsWithinTolerance:
         # 2 layers x (1 prefill + 2 decode) forwards.
         assert len(calls) == 6, f"the folded attention ran {len(calls)} times, not 6"
         assert mx.uint32 == engine.executor.kv.k[0].dtype, "the pool should hold packed rows"
+
+
+@needs_native_quantized
+class TestNativeOpOnQuantizedPoolsWithinTolerance:
+    """The CPU default with the native op: every layer on the op, steps packed and unsplit;
+    it dequantizes in another order than mlx-lm's quantized SDPA, so greedy tokens equal
+    the reference on these prompts and logprobs within ``assert_matches``' tolerances."""
+
+    def test_every_layer_runs_on_the_op_with_packed_steps(self, llama32, quant_engine, monkeypatch):
+        calls = []
+        original = native.ragged_attention
+
+        def counting(*args, **kwargs):
+            calls.append((kwargs["bits"], kwargs["group_size"], args[1].dtype))
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(native, "ragged_attention", counting)
+        engine = quant_engine(llama32, max_total_tokens=256, kv_bits=4, kv_group_size=32)
+        run_greedy(engine, prompts_for((5,)), 3)
+        executor = engine.executor
+        specs = {s.pool_index for s in executor.layout.attention}
+        assert executor.attention.ragged_layers == specs, executor.attention.fallbacks
+        assert "dequantized in the kernel" in executor.attention.path, executor.attention.path
+        assert engine.scheduler.plan.ragged_attention, "quantized pools should run packed steps"
+        # 2 layers x (1 prefill + 2 decode) forwards, each on the packed uint32 pools.
+        assert calls == [(4, 32, mx.uint32)] * 6, calls
+
+    @pytest.mark.parametrize("bits", [8, 4])
+    def test_prefix_cache_hits_reuse_quantized_slots(self, llama32, quant_engine, bits):
+        base = prompts_for((30,))[0]
+        prompts = [base[:20], base, base[:25] + [99, 98]]
+        refs = references(llama32, prompts, bits, 32)
+        engine = quant_engine(llama32, max_total_tokens=512, kv_bits=bits, kv_group_size=32)
+        outputs = ([], [])
+        hits = []
+        for prompt in prompts:  # one after another, so each finds the last one cached
+            tokens, logprobs = run_greedy(engine, [prompt], MAX_TOKENS)
+            outputs[0].append(tokens[0])
+            outputs[1].append(logprobs[0])
+            hits.append(engine.stats().prefix_cache_hits)
+        assert 0 < hits[1] < hits[2], f"the later prompts should hit the cache: {hits}"
+        assert_matches(f"native op prefix cache {bits}-bit", outputs, refs)
+
+    @pytest.mark.parametrize("bits", [8, 4])
+    def test_preempted_chunked_requests(self, llama32, quant_engine, bits):
+        prompts = prompts_for((4, 6, 5, 7, 3, 6))
+        refs = references(llama32, prompts, bits, 32, max_tokens=20)
+        engine = quant_engine(
+            llama32,
+            max_total_tokens=64,
+            max_running_requests=6,
+            max_prefill_tokens=CHUNK,
+            kv_bits=bits,
+            kv_group_size=32,
+        )
+        outputs = run_greedy(engine, prompts, 20, late=False)
+        assert engine.scheduler.num_preemptions > 0, "the pool was meant to force preemption"
+        assert_matches(f"native op preempted {bits}-bit", outputs, refs)
 
 
 class TestQuantizedPoolsUnderEngineFeatures:

@@ -5,8 +5,9 @@ sliding + full, ``CacheList``): against mlx-lm with a quantized cache per attent
 The tiny architectures of ``tests/tiny_models.py`` with attention head dims raised to 32
 (the smallest group size), windows of 8 that really slide, prompts chunked by 7. On the
 ``quantized-sdpa`` path (mlx-lm's own quantized attention) greedy tokens equal the
-reference exactly; on the ``folded`` path (the CPU default) they equal it on these
-prompts; logprobs within the tolerances of ``tests/quantized_reference.py``.
+reference exactly; on the ``folded`` path (the CPU default; with the native op active,
+every attention layer runs the op on the packed pools) they equal it on these prompts;
+logprobs within the tolerances of ``tests/quantized_reference.py``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 
 import pytest
 
+from mlxserve.mlx_backend.attention import native
 from mlxserve.mlx_backend.executor import MLXExecutor
 from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
 from mlxserve.scheduler.config import EngineConfig
@@ -76,7 +78,10 @@ def run_engine(loaded: LoadedModel, path: str, prompts, bits: int, **config):
         outputs = run_greedy(engine, prompts, MAX_TOKENS)
         assert engine.wait_idle(60), "engine did not go idle"
         engine.check_integrity()
-        return engine.executor.quantized_attention, outputs
+        executor = engine.executor
+        attention = {spec.pool_index for spec in executor.layout.attention}
+        on_op = executor.attention.ragged_layers == attention
+        return executor.quantized_attention, outputs, on_op
     finally:
         engine.shutdown()
 
@@ -92,7 +97,7 @@ class TestQuantizedSdpaPathIsExact:
         loaded = models[arch]
         prompts = prompts_for()
         refs = references(loaded, prompts, 8)
-        path, outputs = run_engine(loaded, "quantized-sdpa", prompts, 8)
+        path, outputs, _ = run_engine(loaded, "quantized-sdpa", prompts, 8)
         assert path == "quantized-sdpa", f"{arch} fell back to {path}"
         assert_matches(f"{arch} quantized-sdpa", outputs, refs)
 
@@ -103,8 +108,10 @@ class TestFoldedPathWithinTolerance:
         loaded = models[arch]
         prompts = prompts_for()
         refs = references(loaded, prompts, 4)
-        path, outputs = run_engine(loaded, "folded", prompts, 4)
+        path, outputs, on_op = run_engine(loaded, "folded", prompts, 4)
         assert path == "folded"
+        if native.native_status().quantized:
+            assert on_op, f"{arch}: every attention layer should run the native op"
         assert_matches(f"{arch} folded", outputs, refs)
 
 
@@ -118,11 +125,15 @@ class TestAttentionSinksFallBack:
         prompts = prompts_for()
         refs = [reference(loaded.model, p, MAX_TOKENS, 8, GROUP, dense=True) for p in prompts]
         with caplog.at_level(logging.WARNING, logger="mlxserve.mlx_backend.executor"):
-            path, outputs = run_engine(loaded, "quantized-sdpa", prompts, 8)
+            path, outputs, _ = run_engine(loaded, "quantized-sdpa", prompts, 8)
         assert path == "dequantize", f"gpt_oss should fall back, got {path}"
         assert "sinks" in caplog.text, f"the fallback should name its reason: {caplog.text}"
         assert_matches("gpt_oss dequantize", outputs, ([r[0] for r in refs], [r[1] for r in refs]))
-        _, folded = run_engine(loaded, "folded", prompts, 8)
+        # "folded": the native op takes the sinks in the kernel; MLX's folded attention
+        # declines them and they run dense.
+        _, folded, _ = run_engine(loaded, "folded", prompts, 8)
         assert_matches(
-            "gpt_oss folded (sinks run dense)", folded, ([r[0] for r in refs], [r[1] for r in refs])
+            "gpt_oss folded (sinks: native op or dense)",
+            folded,
+            ([r[0] for r in refs], [r[1] for r in refs]),
         )

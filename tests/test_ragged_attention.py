@@ -5,6 +5,11 @@ rows of random slots, and compares the op's output for every real query with MLX
 the same K/V gathered and masked the way ``BatchContext`` masks them. The tolerance is 2e-5
 on unit-scale data: the kernel's polynomial exp and its summation order differ from MLX's by
 ~1e-6 (measured max below).
+
+Over quantized pools (``--kv-bits``: packed rows, ``kv/quantization.py``) the reference is
+the same SDPA over the pools' rows dequantized by ``PackedRows.dequantize``, within the same
+tolerance: the kernel dequantizes with the same arithmetic (at most a fused multiply-add
+apart, ~1e-7), so what is left is the float kernel's own difference to MLX.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import numpy as np
 import pytest
 
 from mlxserve.mlx_backend.attention import native
+from mlxserve.mlx_backend.kv.quantization import PackedRows
 
 pytestmark = pytest.mark.skipif(
     not native.native_status().active, reason=f"native attention: {native.native_status().reason}"
@@ -35,10 +41,13 @@ def _case(
     sinks: bool = False,
     rows: int | None = None,
     packed: bool = False,
+    quantized: tuple[int, int] | None = None,
 ) -> tuple[mx.array, mx.array]:
     """(op output, reference) over the real queries of every row (padded ones zeroed).
     ``packed``: the queries go to the op as one-token rows (``PackedBatchContext``'s
-    layout) and the output is put back in the padded layout to compare."""
+    layout) and the output is put back in the padded layout to compare. ``quantized``:
+    ``(bits, group_size)``: the pools hold packed rows, and the reference attends over
+    their dequantized values."""
     v_dim = v_dim or dim
     B = len(key_counts)
     counts = np.array(key_counts, np.int32)
@@ -48,6 +57,14 @@ def _case(
     rows = rows or int(counts.sum()) + 8
     k = mx.array(rng.standard_normal((kv_heads * rows, dim), dtype=np.float32))
     v = mx.array(rng.standard_normal((kv_heads * rows, v_dim), dtype=np.float32))
+    k_pool, v_pool, quant = k, v, {}
+    if quantized is not None:
+        bits, group_size = quantized
+        k_rows = PackedRows(bits, group_size, dim, mx.float32)
+        v_rows = PackedRows(bits, group_size, v_dim, mx.float32)
+        k_pool, v_pool = k_rows.encode(k), v_rows.encode(v)
+        k, v = k_rows.dequantize(k_pool), v_rows.dequantize(v_pool)
+        quant = {"bits": bits, "group_size": group_size}
     slots = np.zeros((B, S), np.int32)
     free = rng.permutation(np.arange(1, rows))
     used = 0
@@ -68,8 +85,8 @@ def _case(
         q_packed = q[mx.array(owner), :, mx.array(pos)][:, :, None, :]
         flat_out = native.ragged_attention(
             q_packed,
-            k,
-            v,
+            k_pool,
+            v_pool,
             mx.array(slots),
             mx.array(meta),
             sink,
@@ -77,6 +94,7 @@ def _case(
             window=window,
             kv_heads=kv_heads,
             rows_per_head=rows,
+            **quant,
         )
         padded = np.zeros((B, q_heads, L, v_dim), np.float32)
         padded[owner, :, pos] = np.array(flat_out)[:, :, 0]
@@ -84,8 +102,8 @@ def _case(
     else:
         out = native.ragged_attention(
             q,
-            k,
-            v,
+            k_pool,
+            v_pool,
             mx.array(slots),
             mx.array(meta),
             sink,
@@ -93,6 +111,7 @@ def _case(
             window=window,
             kv_heads=kv_heads,
             rows_per_head=rows,
+            **quant,
         )
     flat = mx.array((np.arange(kv_heads)[:, None, None] * rows + slots[None]).astype(np.int32))
     keys, values = k[flat].swapaxes(0, 1), v[flat].swapaxes(0, 1)
@@ -190,6 +209,86 @@ class TestSlidingWindow:
             rng, [8, 8, 3], [1, 4, 3], q_heads=4, kv_heads=2, window=8, key_start=[50, 13, 0]
         )
         assert _max_diff(out, ref) < TOLERANCE, _max_diff(out, ref)
+
+
+QUANTIZATIONS = [(8, 32), (8, 64), (4, 32), (4, 64)]
+needs_quantized = pytest.mark.skipif(
+    not native.native_status().quantized, reason=native.native_status().quantized_reason
+)
+
+
+@needs_quantized
+@pytest.mark.parametrize(("bits", "group_size"), QUANTIZATIONS)
+class TestQuantizedPools:
+    """The op over packed rows against SDPA over the same rows dequantized."""
+
+    def test_ragged_decode_gqa(self, rng, bits, group_size):
+        quant = (bits, group_size)
+        out, ref = _case(rng, [1, 56, 330, 7], [1] * 4, 9, 3, dim=64, quantized=quant)
+        assert out.shape == (4, 9, 1, 64), out.shape
+        assert _max_diff(out, ref) < TOLERANCE, f"{quant}: {_max_diff(out, ref)}"
+
+    def test_long_row_split_over_keys_with_sinks(self, rng, bits, group_size):
+        quant = (bits, group_size)
+        out, ref = _case(rng, [2500, 40, 3], [1] * 3, 4, 2, dim=64, sinks=True, quantized=quant)
+        assert _max_diff(out, ref) < TOLERANCE, f"{quant}: {_max_diff(out, ref)}"
+
+    def test_causal_prefill_after_cached_context(self, rng, bits, group_size):
+        """A chunk of queries per row (the transposed-K path of the kernel) and a decode row."""
+        quant = (bits, group_size)
+        out, ref = _case(rng, [300 + 40, 17, 5], [40, 17, 1], 6, 2, dim=64, quantized=quant)
+        assert _max_diff(out, ref) < TOLERANCE, f"{quant}: {_max_diff(out, ref)}"
+
+    def test_packed_runs_in_a_sliding_window(self, rng, bits, group_size):
+        quant = (bits, group_size)
+        out, ref = _case(
+            rng, [200, 30], [50, 1], 4, 2, dim=64, window=32, packed=True, quantized=quant
+        )
+        assert _max_diff(out, ref) < TOLERANCE, f"{quant}: {_max_diff(out, ref)}"
+
+    def test_keys_from_a_later_start_and_other_value_dim(self, rng, bits, group_size):
+        """The sliding space's rows start at ``key_start``; V narrower than K (the op reads
+        Dv off the packed width)."""
+        quant = (bits, group_size)
+        out, ref = _case(
+            rng, [8, 8, 3], [1, 4, 3], 4, 2, dim=128, v_dim=64, window=8,
+            key_start=[50, 13, 0], quantized=quant,
+        )  # fmt: skip
+        assert out.shape[-1] == 64, out.shape
+        assert _max_diff(out, ref) < TOLERANCE, f"{quant}: {_max_diff(out, ref)}"
+
+
+@needs_quantized
+class TestQuantizedRejects:
+    def _call(self, k_pool, v_pool, bits=8, group_size=32, dim=64):  # noqa: ANN001
+        q = mx.zeros((1, 2, 1, dim))
+        one = np.array([1])
+        meta = mx.array(native.padded_runs(one, 0 * one, 0 * one, one, 1))
+        return native.ragged_attention(
+            q, k_pool, v_pool, mx.ones((1, 1), mx.int32), meta, None, scale=1.0, window=0,
+            kv_heads=1, rows_per_head=10, bits=bits, group_size=group_size,
+        )  # fmt: skip
+
+    def test_wrong_packed_widths_raise_value_error(self):
+        rows = PackedRows(8, 32, 64, mx.float32)
+        good = mx.zeros((10, rows.words), mx.uint32)
+        with pytest.raises(ValueError, match="key pool rows are not packed rows"):
+            self._call(mx.zeros((10, rows.words + 1), mx.uint32), good)
+        with pytest.raises(ValueError, match="value pool rows are not packed rows"):
+            self._call(good, mx.zeros((10, 7), mx.uint32))
+        with pytest.raises(ValueError, match="bits must be 8 or 4"):
+            self._call(good, good, bits=3)
+        with pytest.raises(ValueError, match="group_size must be"):
+            self._call(good, good, group_size=16)
+        with pytest.raises(ValueError, match="uint32 packed rows"):
+            self._call(mx.zeros((10, 64)), mx.zeros((10, 64)))
+
+    def test_a_good_call_runs(self):
+        rows = PackedRows(8, 32, 64, mx.float32)
+        good = mx.zeros((10, rows.words), mx.uint32)
+        out = self._call(good, good)
+        assert out.shape == (1, 2, 1, 64), out.shape
+        assert np.all(np.array(out) == 0), "zero scales and biases dequantize to zeros"
 
 
 class TestRejects:

@@ -1,6 +1,7 @@
 """The one dispatch point for attention (DESIGN.md): mlx-lm's ``scaled_dot_product_attention``,
-routed for the loaded model's modules to ragged attention over the float pools, or to the
-folded attention over quantized pools (``FoldedPoolKVCacheView.attention``).
+routed for the loaded model's modules to the native ragged attention over the pools (float32,
+or quantized pools dequantized in the kernel), or to the folded attention over quantized pools
+where the native op does not serve them (``FoldedPoolKVCacheView.attention``).
 
 mlx-lm's attention layers call ``scaled_dot_product_attention(queries, keys, values,
 cache=..., scale=..., mask=..., sinks=...)``, a name each model module binds at import
@@ -35,6 +36,7 @@ from mlx_lm.models.cache import CacheList, KVCache
 from mlxserve.mlx_backend.attention import native
 from mlxserve.mlx_backend.kv.cache_view import FoldedPoolKVCacheView, PoolKVCacheView
 from mlxserve.mlx_backend.kv.layer_layout import CacheSpec, LayerLayout
+from mlxserve.mlx_backend.kv.quantization import KVQuantization
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +99,8 @@ def _ragged(queries, keys, values, view: PoolKVCacheView, scale, mask, sinks) ->
         window=ragged.window,
         kv_heads=ragged.kv_heads,
         rows_per_head=ragged.rows_per_head,
+        bits=ragged.bits,
+        group_size=ragged.group_size,
     )
 
 
@@ -175,12 +179,17 @@ class _ProbeSlot(threading.local):
 _probe = _ProbeSlot()
 
 
-def plan_attention(model: nn.Module, layout: LayerLayout) -> AttentionPlan:
+def plan_attention(
+    model: nn.Module, layout: LayerLayout, quantization: KVQuantization | None = None
+) -> AttentionPlan:
     """Install the dispatch for ``model`` and decide, per attention layer, its path.
 
     A layer takes the native op when the op is active, MLX runs on the CPU, the layer's
     K/V are float32 and a probe forward through the model's own caches shows the layer's
-    cache reaching ``scaled_dot_product_attention`` with float32 queries.
+    cache reaching ``scaled_dot_product_attention`` with float32 queries. With
+    ``quantization`` the pools hold packed rows (float32 scales and biases) and the op's
+    quantized variant must be active too; the plan's text then describes the op only (the
+    executor names the path of the other layers).
     """
     specs = layout.attention
     if mx.default_device().type != mx.cpu:
@@ -188,25 +197,34 @@ def plan_attention(model: nn.Module, layout: LayerLayout) -> AttentionPlan:
     status = native.native_status()
     if not status.active:
         return AttentionPlan(frozenset(), f"MLX SDPA over gathered K/V ({status.reason})")
+    if quantization is not None and not status.quantized:
+        return AttentionPlan(frozenset(), f"quantized pools read {status.quantized_reason}")
     install_dispatch(model)
     calls = _probe_calls(model, layout)
     ragged, fallbacks = set(), {}
     for spec, call in zip(specs, calls, strict=True):
-        why = _refusal(spec, call)
+        why = _refusal(spec, call, quantization)
         if why is None:
             ragged.add(spec.pool_index)
         else:
             fallbacks[spec.pool_index] = why
-    path = f"{status.reason}, {len(ragged)}/{len(specs)} attention layers"
+    what = status.reason
+    if quantization is not None:
+        what += f" on {quantization.describe()} packed pools, dequantized in the kernel"
+    path = f"{what}, {len(ragged)}/{len(specs)} attention layers"
     return AttentionPlan(frozenset(ragged), path, fallbacks)
 
 
-def _refusal(spec: CacheSpec, call: _Call | None) -> str | None:
+def _refusal(
+    spec: CacheSpec, call: _Call | None, quantization: KVQuantization | None = None
+) -> str | None:
     """Why the native op cannot serve this layer, or None when it can."""
     if call is None:
         return "computes attention without scaled_dot_product_attention (e.g. soft-capping)"
     kv = spec.kv
     if kv.dtype != mx.float32:
+        if quantization is not None:
+            return f"scales and biases are {kv.dtype}; the native op reads float32 ones"
         return f"K/V are {kv.dtype}; the native op reads float32 pools"
     if call.q_dtype != mx.float32:
         return f"queries are {call.q_dtype}"

@@ -146,6 +146,8 @@ class RaggedKeys:
     kv_heads: int
     rows_per_head: int
     window: int  # 0: no sliding window
+    bits: int = 0  # quantized pools: packed rows of this many bits per value (0: float)
+    group_size: int = 0
 
 
 class PoolKVCacheView:
@@ -154,8 +156,8 @@ class PoolKVCacheView:
     holds no K/V of its own.
 
     With ``ragged`` set, mlx-lm's attention call for this layer may be served from the
-    pools in place (``mlx_backend/attention/``); the gather ``update_and_fetch`` returned
-    is then never evaluated (MLX is lazy).
+    pools in place (``mlx_backend/attention/``; quantized pools are dequantized in the
+    kernel); the gather ``update_and_fetch`` returned is then never evaluated (MLX is lazy).
 
     ``keys`` is this step's new keys (never the pool): mlx-lm's ``pipeline()`` models tie
     their send to the next rank to the last cache's ``keys`` (``mx.depends``).
@@ -205,7 +207,10 @@ class PoolKVCacheView:
         slots, meta = self._ctx.ragged(self._space)
         heads, size = self._pool.shapes[self._index]
         k_pool, v_pool = self._pool.k[self._index], self._pool.v[self._index]
-        return RaggedKeys(k_pool, v_pool, slots, meta, heads, size, key[1] or 0)
+        quant = self._pool.quantization
+        bits, group_size = (0, 0) if quant is None else (quant.bits, quant.group_size)
+        window = key[1] or 0
+        return RaggedKeys(k_pool, v_pool, slots, meta, heads, size, window, bits, group_size)
 
 
 class QuantizedPoolKVCacheView(PoolKVCacheView):
@@ -275,9 +280,10 @@ _VIEWS = {
 class BatchCaches:
     """The per-layer cache objects of one forward, and the write-back of recurrent state.
 
-    Attention layers get pool views: over float pools, the layers of ``ragged_layers`` may
-    be served by the native op in place; over quantized pools, ``quantized_attention``
-    picks the view (``kv/quantization.py``: ``AttentionPath``).
+    Attention layers get pool views: the layers of ``ragged_layers`` may be served by the
+    native op in place (over float or quantized pools); the other layers over quantized
+    pools get the view ``quantized_attention`` picks (``kv/quantization.py``:
+    ``AttentionPath``).
     Recurrent layers get a real mlx-lm ``ArraysCache`` filled with the batch's gathered
     states (or left empty when every row starts fresh, exactly as in single-sequence
     generation); after the forward the states the layers left there are scattered back.
@@ -309,10 +315,10 @@ class BatchCaches:
                 )
             self._recurrent.append((spec, cache))
             return cache
-        if self._view is not PoolKVCacheView:
-            return self._view(self._kv, spec, self._ctx)
         ragged = spec.pool_index in self._ragged_layers
-        return PoolKVCacheView(self._kv, spec, self._ctx, ragged)
+        if ragged or self._view is PoolKVCacheView:
+            return PoolKVCacheView(self._kv, spec, self._ctx, ragged)
+        return self._view(self._kv, spec, self._ctx)
 
     def write_back_states(self) -> None:
         for spec, cache in self._recurrent:

@@ -307,7 +307,7 @@ def attention_line() -> str:
 
     status = native_status()
     if status.active:
-        return status.reason
+        return status.describe()
     return f"MLX SDPA over gathered K/V ({status.reason})"
 
 
