@@ -18,7 +18,7 @@ from mlxserve.server.app import create_app
 from mlxserve.server.config import ServerConfig
 from tests.ops_helpers import running_server
 
-EXAMPLES = 25  # per operation and generation mode
+EXAMPLES = 20  # per operation and generation mode (the suite's time budget)
 # Free-form by design: a JSON schema given by the client (vLLM's structured_outputs.json).
 UNTYPED_ALLOWED = {("StructuredOutputs", "json")}
 # POST routes that take no body: loading and unloading a model (server/api/admin.py).

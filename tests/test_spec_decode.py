@@ -295,24 +295,29 @@ class TestSampled:
         got, _ = run(engine, [prompt] * n, max_tokens=3, temperature=1.0, top_k=top_k)
         stats = spec_stats(engine)
         assert 0 < stats.num_accepted_tokens < stats.num_drafts, f"want accepts and rejects {stats}"
-        expected = {
-            (int(a), int(b)): n * p0[a] * p1[int(a)][b]
-            for a in firsts
-            for b in np.flatnonzero(p1[int(a)])
-        }
-        observed = {cell: 0 for cell in expected}
-        for tokens in got:
-            cell = tuple(tokens[:2])
-            assert cell in observed, f"{cell} has probability 0 under top_k={top_k}"
-            observed[cell] += 1
-        # Cells expected fewer than 5 times are pooled (the chi-square approximation).
-        small = [c for c, e in expected.items() if e < 5]
-        big = [c for c in expected if c not in small]
-        exp = [expected[c] for c in big] + ([sum(expected[c] for c in small)] if small else [])
-        obs = [observed[c] for c in big] + ([sum(observed[c] for c in small)] if small else [])
-        stat = sum((o - e) ** 2 / e for o, e in zip(obs, exp, strict=True))
-        critical = chi_square_critical(len(exp) - 1)
-        assert stat < critical, f"chi-square {stat:.1f} >= {critical:.1f}: {observed} vs {expected}"
+        assert_pairs_fit(got, p0, p1, n)
+
+
+def assert_pairs_fit(got: list[list[int]], p0: np.ndarray, p1: dict, n: int) -> None:
+    """The ``(first, second)`` tokens of ``n`` outputs fit ``p0(a) p1[a](b)`` (chi-square,
+    cells expected fewer than 5 times pooled)."""
+    expected = {
+        (int(a), int(b)): n * p0[a] * p1[int(a)][b]
+        for a in np.flatnonzero(p0)
+        for b in np.flatnonzero(p1[int(a)])
+    }
+    observed = dict.fromkeys(expected, 0)
+    for tokens in got:
+        cell = tuple(tokens[:2])
+        assert cell in observed, f"{cell} has probability 0 under the filter"
+        observed[cell] += 1
+    small = [c for c, e in expected.items() if e < 5]
+    big = [c for c in expected if c not in small]
+    exp = [expected[c] for c in big] + ([sum(expected[c] for c in small)] if small else [])
+    obs = [observed[c] for c in big] + ([sum(observed[c] for c in small)] if small else [])
+    stat = sum((o - e) ** 2 / e for o, e in zip(obs, exp, strict=True))
+    critical = chi_square_critical(len(exp) - 1)
+    assert stat < critical, f"chi-square {stat:.1f} >= {critical:.1f}: {observed} vs {expected}"
 
 
 def _filtered_probs(logits: mx.array, top_k: int) -> np.ndarray:

@@ -24,7 +24,7 @@ from mlxserve.scheduler.sampling_params import SamplingParams
 from mlxserve.scheduler.speculation import Speculator
 from mlxserve.server.lifecycle.draft_model import vocabulary_mismatch
 from tests.conftest import greedy_reference, make_tiny_llama
-from tests.test_spec_decode import PROMPTS, _filtered_probs, chi_square_critical, run
+from tests.test_spec_decode import PROMPTS, _filtered_probs, assert_pairs_fit, run
 from tests.tiny_models import build_tiny_model
 
 DRAFT = {"speculative_method": "draft", "draft_model": "test-draft"}
@@ -214,21 +214,7 @@ class TestSampled:
         got, _ = run(engine, [prompt] * n, max_tokens=3, temperature=1.0, top_k=top_k)
         s = stats(engine)
         assert 0 < s.num_accepted_tokens < s.num_drafts, f"want accepts and rejects: {s}"
-        expected = {
-            (int(a), int(b)): n * p0[a] * p1[int(a)][b]
-            for a in firsts
-            for b in np.flatnonzero(p1[int(a)])
-        }
-        observed = dict.fromkeys(expected, 0)
-        for tokens in got:
-            observed[tuple(tokens[:2])] += 1
-        small = [c for c, e in expected.items() if e < 5]
-        big = [c for c in expected if c not in small]
-        exp = [expected[c] for c in big] + ([sum(expected[c] for c in small)] if small else [])
-        obs = [observed[c] for c in big] + ([sum(observed[c] for c in small)] if small else [])
-        stat = sum((o - e) ** 2 / e for o, e in zip(obs, exp, strict=True))
-        critical = chi_square_critical(len(exp) - 1)
-        assert stat < critical, f"chi-square {stat:.1f} >= {critical:.1f}"
+        assert_pairs_fit(got, p0, p1, n)
 
 
 class TestFailures:
@@ -314,31 +300,67 @@ class TestPolicy:
         assert 0 < len(low[0].draft_ids) < len(high[0].draft_ids), (low, high)
 
 
+SMOL_QUESTIONS = [
+    "Name a colour.",
+    "Count from one to ten.",
+    "Repeat exactly: the lighthouse keeper climbed the spiral stairs every evening at dusk.",
+]
+SMOL_SIZES = {"max_total_tokens": 1024, "max_running_requests": 4}
+SMOL_GREEDY = {"max_tokens": 16, "temperature": 0.0}
+
+
+@pytest.fixture(scope="module")
+def smol_plain(smollm):
+    """SmolLM2's prompts and their plain greedy outputs (no speculation)."""
+    from mlxserve.server.lifecycle.engines import build_engine
+    from tests.conftest import audit_and_stop
+
+    tok = smollm.tokenizer
+    prompts = [
+        tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)
+        for q in SMOL_QUESTIONS
+    ]
+    engine = build_engine(smollm, EngineConfig(**SMOL_SIZES))
+    engine.start()
+    try:
+        want, finals = run(engine, prompts, **SMOL_GREEDY)
+    finally:
+        audit_and_stop([engine])
+    return prompts, want, [f.finish_reason for f in finals]
+
+
 class TestSmolLM2:
-    def test_a_draft_loaded_from_its_spec(self, smollm, make_engine):
+    def test_a_draft_loaded_from_its_spec(self, smollm, smol_plain, make_engine):
         """SmolLM2 proposing for itself, loaded through ``--draft-model``'s path (the
         embedded GGUF: a real tokenizer for the vocabulary check): output equal to plain
         decoding, the draft's K/V in step (nearly every proposal accepted)."""
         from mlxserve.mlx_backend.loading.loader import embedded_gguf_path
 
-        tok = smollm.tokenizer
-        questions = ["Name a colour.", "Count from one to ten.", "What is the capital of France?"]
-        prompts = [
-            tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)
-            for q in questions
-        ]
-        sizes = {"max_total_tokens": 1024, "max_running_requests": 4}
-        greedy = {"max_tokens": 24, "temperature": 0.0}
-        want, want_finals = run(make_engine(smollm, **sizes), prompts, **greedy)
+        prompts, want, reasons = smol_plain
         engine = make_engine(
-            smollm, speculative_method="draft", draft_model=embedded_gguf_path(), **sizes
+            smollm, speculative_method="draft", draft_model=embedded_gguf_path(), **SMOL_SIZES
         )
         assert engine.draft.name.startswith("SmolLM2-135M-Instruct"), engine.draft.name
-        got, finals = run(engine, prompts, **greedy)
+        got, finals = run(engine, prompts, **SMOL_GREEDY)
         assert got == want, "output with SmolLM2's draft differs from plain decoding"
-        assert [f.finish_reason for f in finals] == [f.finish_reason for f in want_finals]
+        assert [f.finish_reason for f in finals] == reasons
         s = engine.scheduler.speculator.stats
         assert s.num_accepted_tokens >= 0.9 * s.num_draft_tokens > 0, f"draft out of step: {s}"
+
+    @pytest.mark.parametrize("method", ["ngram", "draft"])
+    @pytest.mark.parametrize("k", [1, 5])
+    def test_other_proposal_depths(self, smollm, smol_plain, make_engine, method, k):
+        prompts, want, reasons = smol_plain
+        config = {"speculative_method": method, "num_speculative_tokens": k, **SMOL_SIZES}
+        if method == "draft":
+            config |= {"draft_model": "smollm", "draft": smollm}
+        else:
+            config["prompt_lookup_min"] = 2
+        engine = make_engine(smollm, **config)
+        got, finals = run(engine, prompts, **SMOL_GREEDY)
+        assert got == want, f"{method} K={k}: output differs from plain decoding"
+        assert [f.finish_reason for f in finals] == reasons
+        assert engine.scheduler.speculator.stats.num_drafts > 0, "nothing was proposed"
 
 
 class TestPolicyPrior:
