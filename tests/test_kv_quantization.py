@@ -234,13 +234,7 @@ class TestNativeOpOnQuantizedPoolsWithinTolerance:
         prompts = [base[:20], base, base[:25] + [99, 98]]
         refs = references(llama32, prompts, bits, 32)
         engine = quant_engine(llama32, max_total_tokens=512, kv_bits=bits, kv_group_size=32)
-        outputs = ([], [])
-        hits = []
-        for prompt in prompts:  # one after another, so each finds the last one cached
-            tokens, logprobs = run_greedy(engine, [prompt], MAX_TOKENS)
-            outputs[0].append(tokens[0])
-            outputs[1].append(logprobs[0])
-            hits.append(engine.stats().prefix_cache_hits)
+        outputs, hits = one_after_another(engine, prompts)
         assert 0 < hits[1] < hits[2], f"the later prompts should hit the cache: {hits}"
         assert_matches(f"native op prefix cache {bits}-bit", outputs, refs)
 
@@ -271,13 +265,7 @@ class TestQuantizedPoolsUnderEngineFeatures:
         engine = quant_engine(
             llama32, "quantized-sdpa", max_total_tokens=512, kv_bits=8, kv_group_size=32
         )
-        outputs = ([], [])
-        hits = []
-        for prompt in prompts:  # one after another, so each finds the last one cached
-            tokens, logprobs = run_greedy(engine, [prompt], MAX_TOKENS)
-            outputs[0].append(tokens[0])
-            outputs[1].append(logprobs[0])
-            hits.append(engine.stats().prefix_cache_hits)
+        outputs, hits = one_after_another(engine, prompts)
         assert 0 < hits[1] < hits[2], f"the later prompts should hit the cache: {hits}"
         assert_matches("prefix cache", outputs, refs)
 
@@ -407,3 +395,15 @@ class TestSmolLM2:
         outputs = run_greedy(engine, prompts, 8)
         tols = {"rounding_tol": 0.5 * np.median(moved), "level_flip_tol": 0.5 * moved.max()}
         assert_matches(f"SmolLM2 {path}", outputs, refs, **tols)
+
+
+def one_after_another(engine, prompts):  # noqa: ANN001, ANN201
+    """Greedy outputs and logprobs of ``prompts`` run one after another (so each finds the
+    last one cached), with the prefix-cache hits counted after each."""
+    outputs, hits = ([], []), []
+    for prompt in prompts:
+        tokens, logprobs = run_greedy(engine, [prompt], MAX_TOKENS)
+        outputs[0].append(tokens[0])
+        outputs[1].append(logprobs[0])
+        hits.append(engine.stats().prefix_cache_hits)
+    return outputs, hits

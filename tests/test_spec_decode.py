@@ -219,13 +219,7 @@ class TestRollback:
         oracle = Oracle(PROMPTS, references, wrong_at={2, 4, 6, 8, 15})
         # 3 requests of up to 100 tokens in 128 slots: preemption is certain.
         engine = oracle_engine(make_engine, tiny_llama, monkeypatch, oracle, max_total_tokens=128)
-        got, _ = run(engine, PROMPTS, max_tokens=40, temperature=0.0)
-        assert got == references, "output changed under preemption"
-        assert engine.scheduler.num_preemptions > 0, "the pool was meant to force preemption"
-        # Again: the prefix cache now holds these sequences (and never a rejected token).
-        got, _ = run(engine, PROMPTS, max_tokens=40, temperature=0.0)
-        assert got == references, "output changed when served from the prefix cache"
-        assert engine.scheduler.prefix_cache_hits > 0, "the prefix cache was not used"
+        assert_preemption_then_prefix_cache(engine, references)
 
 
 class TestIneligibleRows:
@@ -275,13 +269,8 @@ class TestSampled:
         its context's most likely token (accepted with its probability, else resampled)."""
         prompt = [3, 1, 4, 1, 5]
         top_k, n = 4, 800
-        model = tiny_llama.model
-        p0 = _filtered_probs(model(mx.array([prompt]))[0, -1], top_k)
+        p0, p1 = pair_probs(tiny_llama.model, prompt, top_k)
         firsts = np.flatnonzero(p0)
-        p1 = {
-            int(t): _filtered_probs(model(mx.array([prompt + [int(t)]]))[0, -1], top_k)
-            for t in firsts
-        }
         proposals = {int(t): int(np.argmax(p1[int(t)])) for t in firsts}
 
         def oracle(ids, min_n, max_n, k):
@@ -296,6 +285,28 @@ class TestSampled:
         stats = spec_stats(engine)
         assert 0 < stats.num_accepted_tokens < stats.num_drafts, f"want accepts and rejects {stats}"
         assert_pairs_fit(got, p0, p1, n)
+
+
+def assert_preemption_then_prefix_cache(engine, references) -> None:  # noqa: ANN001
+    """``PROMPTS`` on an engine whose pool forces preemption give ``references``, and again
+    once the prefix cache holds them (never a rejected token)."""
+    got, _ = run(engine, PROMPTS, max_tokens=40, temperature=0.0)
+    assert got == references, "output changed under preemption"
+    assert engine.scheduler.num_preemptions > 0, "the pool was meant to force preemption"
+    got, _ = run(engine, PROMPTS, max_tokens=40, temperature=0.0)
+    assert got == references, "output changed when served from the prefix cache"
+    assert engine.scheduler.prefix_cache_hits > 0, "the prefix cache was not used"
+
+
+def pair_probs(model, prompt: list[int], top_k: int) -> tuple[np.ndarray, dict]:  # noqa: ANN001
+    """The model's top-k distribution of the first token after ``prompt`` and, for each
+    first token it allows, of the second."""
+    p0 = _filtered_probs(model(mx.array([prompt]))[0, -1], top_k)
+    p1 = {
+        int(t): _filtered_probs(model(mx.array([prompt + [int(t)]]))[0, -1], top_k)
+        for t in np.flatnonzero(p0)
+    }
+    return p0, p1
 
 
 def assert_pairs_fit(got: list[list[int]], p0: np.ndarray, p1: dict, n: int) -> None:

@@ -24,7 +24,13 @@ from mlxserve.scheduler.sampling_params import SamplingParams
 from mlxserve.scheduler.speculation import Speculator
 from mlxserve.server.lifecycle.draft_model import vocabulary_mismatch
 from tests.conftest import greedy_reference, make_tiny_llama
-from tests.test_spec_decode import PROMPTS, _filtered_probs, assert_pairs_fit, run
+from tests.test_spec_decode import (
+    PROMPTS,
+    assert_pairs_fit,
+    assert_preemption_then_prefix_cache,
+    pair_probs,
+    run,
+)
 from tests.tiny_models import build_tiny_model
 
 DRAFT = {"speculative_method": "draft", "draft_model": "test-draft"}
@@ -129,12 +135,7 @@ class TestSlots:
     ):
         # 3 requests of up to 100 tokens in 128 slots: preemption is certain.
         engine = make_engine(tiny_llama, draft=noisy_draft, max_total_tokens=128, **DRAFT)
-        got, _ = run(engine, PROMPTS, max_tokens=40, temperature=0.0)
-        assert got == references, "output changed under preemption"
-        assert engine.scheduler.num_preemptions > 0, "the pool was meant to force preemption"
-        got, _ = run(engine, PROMPTS, max_tokens=40, temperature=0.0)
-        assert got == references, "output changed when served from the prefix cache"
-        assert engine.scheduler.prefix_cache_hits > 0, "the prefix cache was not used"
+        assert_preemption_then_prefix_cache(engine, references)
         assert stats(engine).num_accepted_tokens > 0
 
     def test_memory_budget_counts_the_draft_pools(self, tiny_llama, noisy_draft, make_engine):
@@ -198,13 +199,7 @@ class TestSampled:
         itself as draft: accepted with its probability, else resampled)."""
         prompt = [3, 1, 4, 1, 5]
         top_k, n = 4, 600
-        model = tiny_llama.model
-        p0 = _filtered_probs(model(mx.array([prompt]))[0, -1], top_k)
-        firsts = np.flatnonzero(p0)
-        p1 = {
-            int(t): _filtered_probs(model(mx.array([prompt + [int(t)]]))[0, -1], top_k)
-            for t in firsts
-        }
+        p0, p1 = pair_probs(tiny_llama.model, prompt, top_k)
         # Every row proposes (the policy would stop after a few rejections): this checks
         # the verification's distribution, not the policy.
         monkeypatch.setattr(speculation, "GAIN_MARGIN", 0.0)
