@@ -77,42 +77,30 @@ def _case(
     q = mx.array(rng.standard_normal((B, q_heads, L, dim), dtype=np.float32))
     sink = mx.array(rng.standard_normal(q_heads, dtype=np.float32)) if sinks else None
     scale = dim**-0.5
+    queries = q
     if packed:
         first = (np.cumsum(q_len) - q_len).astype(np.int32)
         meta = native.padded_runs(counts, start, q_start, q_len, 1, q_first=first)
         owner = np.repeat(np.arange(B), q_len)
         pos = np.arange(int(q_len.sum())) - first[owner]
-        q_packed = q[mx.array(owner), :, mx.array(pos)][:, :, None, :]
-        flat_out = native.ragged_attention(
-            q_packed,
-            k_pool,
-            v_pool,
-            mx.array(slots),
-            mx.array(meta),
-            sink,
-            scale=scale,
-            window=window,
-            kv_heads=kv_heads,
-            rows_per_head=rows,
-            **quant,
-        )
+        queries = q[mx.array(owner), :, mx.array(pos)][:, :, None, :]
+    out = native.ragged_attention(
+        queries,
+        k_pool,
+        v_pool,
+        mx.array(slots),
+        mx.array(meta),
+        sink,
+        scale=scale,
+        window=window,
+        kv_heads=kv_heads,
+        rows_per_head=rows,
+        **quant,
+    )
+    if packed:
         padded = np.zeros((B, q_heads, L, v_dim), np.float32)
-        padded[owner, :, pos] = np.array(flat_out)[:, :, 0]
+        padded[owner, :, pos] = np.array(out)[:, :, 0]
         out = mx.array(padded)
-    else:
-        out = native.ragged_attention(
-            q,
-            k_pool,
-            v_pool,
-            mx.array(slots),
-            mx.array(meta),
-            sink,
-            scale=scale,
-            window=window,
-            kv_heads=kv_heads,
-            rows_per_head=rows,
-            **quant,
-        )
     flat = mx.array((np.arange(kv_heads)[:, None, None] * rows + slots[None]).astype(np.int32))
     keys, values = k[flat].swapaxes(0, 1), v[flat].swapaxes(0, 1)
     k_pos = start[:, None, None, None] + np.arange(S)[None, None, None, :]
