@@ -60,3 +60,14 @@ def make_prompt(seed: int, index: int) -> str:
 def make_prompts(seed: int, count: int, start: int = 0) -> list[str]:
     """``count`` consecutive prompts of the corpus, starting at ``start``."""
     return [make_prompt(seed, start + i) for i in range(count)]
+
+
+def chat_ids(tokenizer, text: str) -> list[int]:  # noqa: ANN001 - a model's tokenizer
+    """The token ids of ``text`` as one user message of the model's chat template, with
+    the generation prompt."""
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True
+    )
+    if hasattr(ids, "keys"):  # transformers 5: a BatchEncoding
+        ids = ids["input_ids"]
+    return list(ids)

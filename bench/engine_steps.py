@@ -31,15 +31,6 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
 from bench import _env  # noqa: E402  (no mlx import: must precede mlx.core)
 
 
-def _prompt_ids(tokenizer: Any, prompt: str) -> list[int]:
-    ids = tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}], add_generation_prompt=True
-    )
-    if hasattr(ids, "keys"):  # transformers 5: a BatchEncoding
-        ids = ids["input_ids"]
-    return list(ids)
-
-
 def run(
     model_spec: str | None,
     requests: int,
@@ -55,7 +46,7 @@ def run(
     notes = [_env.enable_blas()]
     import numpy as np
 
-    from bench.corpus import make_prompts
+    from bench.corpus import chat_ids, make_prompts
     from bench.forward_ceiling import prompt_ids as ceiling_prompt_ids
     from mlxserve.mlx_backend.loading.loader import load_model
     from mlxserve.scheduler.config import EngineConfig
@@ -108,7 +99,7 @@ def run(
         prompts = ceiling_prompt_ids(requests, equal_prompt_tokens, engine.vocab_size)
     else:
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-        prompts = [_prompt_ids(loaded.tokenizer, p) for p in make_prompts(seed, requests)]
+        prompts = [chat_ids(loaded.tokenizer, p) for p in make_prompts(seed, requests)]
         if long_prompt_tokens:
             prompts[0] = ceiling_prompt_ids(1, long_prompt_tokens, engine.vocab_size)[0]
     start = time.perf_counter()

@@ -137,16 +137,11 @@ def load(model_spec: str | None) -> tuple[object, object, list[str]]:
 
 def corpus_prompt_tokens(tokenizer, seed: int = 0, count: int = 12) -> int:  # noqa: ANN001
     """Mean chat-templated token length of the first ``count`` prompts of the corpus."""
-    from bench.corpus import make_prompts
+    from bench.corpus import chat_ids, make_prompts
 
     lengths = []
     for prompt in make_prompts(seed, count):
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True
-        )
-        if isinstance(ids, dict) or hasattr(ids, "keys"):  # transformers 5: a BatchEncoding
-            ids = ids["input_ids"]
-        lengths.append(len(ids))
+        lengths.append(len(chat_ids(tokenizer, prompt)))
     return round(sum(lengths) / len(lengths))
 
 

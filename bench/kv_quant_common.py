@@ -73,7 +73,6 @@ def serve(engine: Any, prompts: list[list[int]], params: Any, timeout_s: float) 
 
 
 def corpus(loaded: Any, requests: int) -> list[list[int]]:
-    from bench.corpus import make_prompts
-    from bench.engine_steps import _prompt_ids
+    from bench.corpus import chat_ids, make_prompts
 
-    return [_prompt_ids(loaded.tokenizer, p) for p in make_prompts(0, requests)]
+    return [chat_ids(loaded.tokenizer, p) for p in make_prompts(0, requests)]

@@ -33,7 +33,7 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import _env  # noqa: E402  (no mlx import: must precede mlx.core)
-from bench.corpus import WORDS, make_prompts  # noqa: E402
+from bench.corpus import WORDS, chat_ids, make_prompts  # noqa: E402
 
 SWAPS = (("river", "canal"), ("morning", "evening"), ("garden", "orchard"), ("stone", "brick"))
 
@@ -54,15 +54,6 @@ def copy_prompt(index: int) -> str:
         f"Rewrite the following text exactly as it is, changing only the word '{old}' to "
         f"'{new}' everywhere. Output only the rewritten text.\n\n{copy_text(index)}"
     )
-
-
-def _chat_ids(tokenizer: Any, text: str) -> list[int]:
-    ids = tokenizer.apply_chat_template(
-        [{"role": "user", "content": text}], add_generation_prompt=True
-    )
-    if hasattr(ids, "keys"):  # transformers 5: a BatchEncoding
-        ids = ids["input_ids"]
-    return list(ids)
 
 
 def first_layers_draft(loaded: Any, layers: int) -> Any:
@@ -227,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
                 texts, max_tokens = [copy_prompt(i) for i in range(n)], args.copy_max_tokens
             else:
                 texts, max_tokens = make_prompts(0, n), args.chat_max_tokens
-            prompts = [_chat_ids(loaded.tokenizer, t) for t in texts]
+            prompts = [chat_ids(loaded.tokenizer, t) for t in texts]
             runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
             for _ in range(args.repeats):  # interleaved: load changes hit both alike
                 for method in runs:
