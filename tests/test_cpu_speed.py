@@ -35,6 +35,38 @@ print(json.dumps({"active": status.active, "path": status.path, "reason": status
 """
 
 
+# Products with one row or one column, in every layout MLX may hand to cblas_sgemm
+# (transposed views, addmm's alpha and beta), against numpy in float64.
+_VECTOR_PROBE = """
+import json
+from mlxserve.mlx_backend.cpu.blas import enable_fast_blas, verify_blas
+assert enable_fast_blas().active
+import mlx.core as mx
+import numpy as np
+rng = np.random.default_rng(2)
+worst, cases = 0.0, 0
+for m, k, n in [(1, 5, 7), (1, 576, 1536), (7, 33, 1), (1, 1, 9), (3, 4, 1), (1, 64, 1),
+                (1, 300, 2)]:
+    for ta in (False, True):
+        for tb in (False, True):
+            a_np = rng.standard_normal((k, m) if ta else (m, k), dtype=np.float32)
+            b_np = rng.standard_normal((n, k) if tb else (k, n), dtype=np.float32)
+            a, b = mx.array(a_np), mx.array(b_np)
+            a, b = (a.T if ta else a), (b.T if tb else b)
+            exact = (a_np.T if ta else a_np).astype(np.float64) @ (
+                b_np.T if tb else b_np).astype(np.float64)
+            bias = rng.standard_normal((n,), dtype=np.float32)
+            # A NaN-filled buffer freed just before: the next output may reuse it.
+            mx.eval(mx.full((m, n), float("nan")))
+            for out, want in ((a @ b, exact), (mx.addmm(mx.array(bias), a, b, alpha=0.5,
+                              beta=2.0), 0.5 * exact + 2.0 * bias)):
+                got = np.array(out).astype(np.float64)
+                worst = max(worst, float(np.abs(got - want).max() / np.abs(want).max()))
+                cases += 1
+print(json.dumps({"verify": verify_blas(), "cases": cases, "worst_rel_err": worst}))
+"""
+
+
 def run_probe(blas_setting: str | None) -> dict:
     """Run the probe in a fresh interpreter with ``MLXSERVE_BLAS`` set (or unset)."""
     env = dict(os.environ)
@@ -79,6 +111,23 @@ class TestFastBlas:
         assert not result["active"]
         assert "/nonexistent.so" in result["reason"]
         assert result["rel_err"] < 1e-3
+
+    def test_vector_products_go_through_sgemv_rightly(self):
+        """One-row and one-column products (the shim sends them to sgemv): every layout of
+        A and B, alpha and beta, and an output buffer MLX left uninitialized."""
+        if not can_build_shim():
+            pytest.skip("needs scipy-openblas32 and the shim built at install")
+        code = _VECTOR_PROBE
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        env.pop("MLXSERVE_BLAS", None)
+        proc = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert proc.returncode == 0, proc.stderr
+        result = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert result["verify"], "libmlx did not call the shim's cblas_sgemm"
+        assert result["cases"] == 7 * 4 * 2
+        assert result["worst_rel_err"] < 1e-5, result
 
     def test_late_call_is_reported_inactive(self):
         """Once mlx.core is imported, libmlx has bound cblas_sgemm: enabling must say so."""
