@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -33,6 +32,7 @@ from mlxserve.mlx_backend.logprobs import prompt_logprobs, prompt_positions, sam
 from mlxserve.mlx_backend.memory import plan_memory
 from mlxserve.mlx_backend.sampler import Sampler
 from mlxserve.mlx_backend.spec_verify import VerifyEntries
+from mlxserve.mlx_backend.step_output import GroupOutput, LaunchedStep, in_order
 from mlxserve.scheduler.batch import ForwardBatch, ForwardOutput
 from mlxserve.scheduler.memory_plan import MemoryPlan, MemoryStats, PoolRequest
 
@@ -230,6 +230,34 @@ class MLXExecutor:
             the sampled token of every row (the scheduler keeps those of ``sample_rows``),
             the logprobs the batch's rows asked for, and the embedding rows' hidden states.
         """
+        step = self._step_graph(batch)
+        mx.eval(step.arrays(), self.kv.arrays(), self.states.arrays())
+        return step.output()
+
+    def launch(
+        self,
+        batch: ForwardBatch,
+        after: LaunchedStep | None = None,
+        after_rows: np.ndarray | None = None,
+    ) -> LaunchedStep:
+        """Start a decode step without waiting for it: its graph is built and handed to
+        MLX (``mx.async_eval``) and ``result()`` waits. Given ``after``, a step launched
+        before and not yet collected, row ``i`` feeds the token that step samples for its
+        row ``after_rows[i]`` (all its rows in order by default) instead of
+        ``batch.input_ids``: the next step is built while this one computes, as mlx-lm's
+        generation loop overlaps its graph building with the evaluation."""
+        assert batch.phase == "decode" and batch.spec_lens is None and batch.embed_rows is None
+        fed = None
+        if after is not None:
+            fed = after.tokens if after_rows is None else after.tokens[mx.array(after_rows)]
+            fed = fed[:, None]
+        step = self._step_graph(batch, fed)
+        mx.async_eval(step.arrays(), self.kv.arrays(), self.states.arrays())
+        return step
+
+    def _step_graph(self, batch: ForwardBatch, input_ids: mx.array | None = None) -> LaunchedStep:
+        """The lazy graph of ``forward``: every row group's forward and the sampling
+        (``input_ids``, ``[B, 1]``, replaces the batch's own tokens)."""
         if self.blas_threads is not None:
             self.blas_threads.update()
         self.states.copy(batch.state_copies_in)
@@ -245,8 +273,11 @@ class MLXExecutor:
         groups = groups or (np.arange(batch.batch_size),)
         parts = []
         for rows in groups:
+            fed = None
+            if input_ids is not None:
+                fed = input_ids if len(groups) == 1 else input_ids[mx.array(rows)]
             part = self._forward_rows(
-                batch, rows, prompt_at, sample, embed_rows is not None, packed, entries
+                batch, rows, prompt_at, sample, embed_rows is not None, packed, entries, fed
             )
             if len(groups) > 1:
                 # NOTE: one graph holding every group's forward evaluates slower than the
@@ -258,42 +289,20 @@ class MLXExecutor:
         self.states.copy(batch.state_snapshots)
         hidden = None
         if embed_rows is not None:
-            hidden = _in_order([p.hidden for p in parts], groups).astype(mx.float32)
+            hidden = in_order([p.hidden for p in parts], groups).astype(mx.float32)
         if not sample:
-            mx.eval(hidden, self.kv.arrays(), self.states.arrays())
-            return ForwardOutput(
-                next_token_ids=np.zeros(batch.batch_size, np.int32),
-                embeddings=np.array(hidden),
-            )
+            return LaunchedStep(batch.batch_size, None, (None, None), hidden, None)
         # One logits row per row (its last position), or per entry with proposals.
         picked = groups if entries is None else [entries.of_rows(g) for g in groups]
-        last_logits = _in_order([p.logits for p in parts], picked)
+        last_logits = in_order([p.logits for p in parts], picked)
         sampling = batch.sampling if entries is None else entries.expand(batch.sampling)
         tokens = self.sampler(last_logits, sampling)
         pending = [sampled_logprobs(last_logits, tokens, sampling.logprobs), None]
         if prompt_at is not None:
             asked = [p for p in parts if p.prompt_entries is not None]
-            logits = _in_order([p.prompt_logits for p in asked], [p.prompt_entries for p in asked])
+            logits = in_order([p.prompt_logits for p in asked], [p.prompt_entries for p in asked])
             pending[1] = prompt_logprobs(logits, batch, *prompt_at)
-        # NOTE: the pools are evaluated together with the tokens so the scatters are
-        # materialized now, not chained lazily into the next step's graph.
-        extra = [a for p in pending if p is not None for a in p.arrays()]
-        embedded = [] if hidden is None else [hidden]
-        mx.eval(tokens, extra, embedded, self.kv.arrays(), self.states.arrays())
-        token_ids = np.array(tokens, dtype=np.int32)
-        logprobs = None if pending[0] is None else pending[0].to_numpy()
-        spec_tokens = None
-        if entries is not None:
-            spec_tokens = entries.token_table(token_ids)
-            token_ids = token_ids[entries.last]
-            logprobs = entries.logprobs_by_row(logprobs)
-        return ForwardOutput(
-            next_token_ids=token_ids,
-            logprobs=logprobs,
-            prompt_logprobs=None if pending[1] is None else pending[1].to_numpy(),
-            embeddings=None if hidden is None else np.array(hidden),
-            spec_token_ids=spec_tokens,
-        )
+        return LaunchedStep(batch.batch_size, tokens, tuple(pending), hidden, entries)
 
     def _forward_rows(
         self,
@@ -304,13 +313,17 @@ class MLXExecutor:
         embed: bool = False,
         packed: bool = False,
         entries: VerifyEntries | None = None,
-    ) -> _GroupOutput:
+        input_ids: mx.array | None = None,
+    ) -> GroupOutput:
         """One forward of ``rows`` (padded, or packed into one-token rows): the logits of
         their last positions (with ``sample``; of every verified position of rows with
         proposals, given ``entries``) and, when some of them asked, of their prompt
         positions (with the indices of those entries in ``prompt_at``); with ``embed`` the
-        last positions' hidden states too."""
+        last positions' hidden states too. ``input_ids`` (lazy, ``[len(rows), 1]``)
+        replaces the rows' tokens of the batch."""
         ctx = PackedBatchContext(batch, rows) if packed else BatchContext(batch, rows)
+        if input_ids is not None:
+            ctx.input_ids = input_ids
         caches = BatchCaches(
             self.layout.specs,
             self.kv,
@@ -355,8 +368,8 @@ class MLXExecutor:
             logits = self.logits.at(*picks, **extra)
         caches.write_back_states()
         if logits is None or asked is None:
-            return _GroupOutput(logits, None, None, hidden)
-        return _GroupOutput(logits[:n], logits[n:], asked, hidden)
+            return GroupOutput(logits, None, None, hidden)
+        return GroupOutput(logits[:n], logits[n:], asked, hidden)
 
     def _model_inputs(
         self, batch: ForwardBatch, rows: np.ndarray, ctx: BatchContext
@@ -393,29 +406,3 @@ class MLXExecutor:
                     mx.array(images.features[mine[order]]),
                 )
         return extra
-
-
-@dataclass
-class _GroupOutput:
-    """What one row group's forward gave (MLX arrays, lazy until evaluated)."""
-
-    logits: mx.array | None  # [n, V], the rows' last positions (None: nothing sampled)
-    prompt_logits: mx.array | None  # [k, V], the prompt positions asked for
-    prompt_entries: np.ndarray | None  # which entries of ``prompt_at`` those are
-    hidden: mx.array | None  # [n, hidden], the last positions (embedding rows)
-
-    def arrays(self) -> list[mx.array]:
-        return [a for a in (self.logits, self.prompt_logits, self.hidden) if a is not None]
-
-
-def _in_order(parts: list[mx.array], indices) -> mx.array:  # noqa: ANN001
-    """Concatenate ``parts`` (part ``k`` holds the entries ``indices[k]``) in entry order."""
-    if len(parts) == 1:
-        # One part holds every entry; it is in order unless a single group was reordered.
-        order = np.asarray(indices[0])
-        if np.array_equal(order, np.arange(len(order))):
-            return parts[0]
-    order = np.concatenate([np.asarray(i) for i in indices])
-    inverse = np.empty_like(order)
-    inverse[order] = np.arange(len(order))
-    return mx.concatenate(parts)[mx.array(inverse.astype(np.int32))]

@@ -42,6 +42,9 @@ class EngineConfig:
             --model: a directory, a GGUF file or a Hugging Face id), with the same
             vocabulary as the served model; its K/V live in pools of its own, written in the
             same slots as the served model's.
+        disable_overlap: run every step synchronously (schedule, forward, wait, process)
+            instead of building the next decode step while the current one computes
+            (``scheduler/lookahead.py``); the output is the same either way.
     """
 
     max_total_tokens: int = 0
@@ -58,6 +61,7 @@ class EngineConfig:
     prompt_lookup_min: int = 3
     prompt_lookup_max: int = 4
     draft_model: str | None = None
+    disable_overlap: bool = False
 
     def __post_init__(self) -> None:
         if self.max_total_tokens < 0:

@@ -71,6 +71,10 @@ class Engine:
         self._inbox: queue.Queue[InboxMessage] = queue.Queue()
         self._requests: dict[str, Request] = {}
         self._audit_pending = False
+        # A decode step launched and not collected yet: (batch, executor handle, the time
+        # its computing began); only with an executor that can launch (``launch``).
+        self._launched: tuple[ForwardBatch, Any, float] | None = None
+        self._overlap = not config.disable_overlap and hasattr(executor, "launch")
         self._stop = threading.Event()
         self._ready = threading.Event()
         # Requests submitted and not yet finished (any thread reads it for wait_idle).
@@ -297,35 +301,84 @@ class Engine:
                 self.draft.close()
 
     def step(self) -> None:
-        """One engine step: take inbox messages, then schedule -> forward -> process."""
+        """One engine step: take inbox messages, then schedule -> forward -> process; a
+        launched decode step is collected instead (the next one launched first)."""
         sched = self.scheduler
-        idle = not sched.has_work()
+        idle = not sched.has_work() and self._launched is None
         if idle and self._audit_pending:
             self._audit_slots()
         self._drain_inbox(block=idle)
-        batch = sched.schedule()
-        if batch is not None:
-            self._run_batch(batch)
+        if self._launched is not None:
+            self._collect_launched()
+        else:
+            batch = sched.schedule()
+            if batch is not None:
+                self._run_batch(batch)
         self._stats = engine_stats(sched, self._unfinished, self.executor.memory())
 
     def _run_batch(self, batch: ForwardBatch) -> None:
         sched = self.scheduler
         self._audit_pending = True
         now = time.monotonic()
-        for request_id in batch.request_ids:
-            self._requests[request_id].stats.mark_scheduled(now)
+        self._mark_scheduled(batch, now)
+        if self._overlap and sched.overlappable(batch):
+            # Collected by the next step, which first launches the step after it.
+            try:
+                self._launched = (batch, self.executor.launch(batch), now)
+            except ExecutorFailed:
+                raise
+            except Exception as e:
+                self._fail_in_flight(e)
+            return
         try:
             out = self.executor.forward(batch)
             sched.observe_step(batch, time.monotonic() - now)
         except ExecutorFailed:
             raise  # the engine thread ends: every request fails, /health turns 503
         except Exception as e:
-            logger.exception("forward failed; failing %d requests", batch.batch_size)
-            for req in sched.fail_in_flight():
-                self._deliver(req, sched.make_event(req, [], "error", error=str(e)))
+            self._fail_in_flight(e)
             return
         for event in sched.process(batch, out):
             self._deliver(self._requests[event.request_id], event)
+
+    def _collect_launched(self) -> None:
+        """Launch the decode step after the one in flight when it can be known now
+        (``scheduler/lookahead.py``), then wait for the one in flight and process it."""
+        sched = self.scheduler
+        batch, step, started = self._launched
+        self._launched = None
+        following = None
+        try:
+            ahead = sched.schedule_ahead(batch)
+            if ahead is not None:
+                next_batch, rows = ahead
+                self._mark_scheduled(next_batch, time.monotonic())
+                following = (next_batch, self.executor.launch(next_batch, step, rows))
+            out = step.result()
+        except ExecutorFailed:
+            raise
+        except Exception as e:
+            self._fail_in_flight(e)
+            return
+        done = time.monotonic()
+        # Overlapped, a step takes from the previous one's end to its own.
+        sched.observe_step(batch, done - started)
+        if following is not None:
+            self._launched = (*following, done)
+        for event in sched.process(batch, out):
+            self._deliver(self._requests[event.request_id], event)
+
+    def _mark_scheduled(self, batch: ForwardBatch, now: float) -> None:
+        for request_id in batch.request_ids:
+            self._requests[request_id].stats.mark_scheduled(now)
+
+    def _fail_in_flight(self, error: Exception) -> None:
+        """A forward failed: every request of the batches in flight fails with it."""
+        failed = self.scheduler.fail_in_flight()
+        self._launched = None
+        logger.exception("forward failed; failing %d requests", len(failed), exc_info=error)
+        for req in failed:
+            self._deliver(req, self.scheduler.make_event(req, [], "error", error=str(error)))
 
     def _audit_slots(self) -> None:
         """Each time the engine goes idle, every slot must be free again (DESIGN.md)."""

@@ -2,6 +2,12 @@
 
 The engine thread owns the executor: every call but ``materialize`` is made on it. The MLX
 implementation is ``mlx_backend.executor.MLXExecutor``; tests drive the engine with fakes.
+
+An executor may also have ``launch(batch, after=None, after_rows=None)``: start a decode
+step without waiting and return a handle whose ``result()`` gives its ``ForwardOutput``
+(given ``after``, a handle not yet collected, the batch's rows feed the tokens ``after``
+samples for its rows ``after_rows``). The engine then overlaps decode steps
+(``scheduler/lookahead.py``); without it every step is a ``forward``.
 """
 
 from __future__ import annotations

@@ -9,19 +9,18 @@ from dataclasses import replace
 import numpy as np
 
 from mlxserve.kvpool import ReqToTokenPool, StateSlotAllocator
-from mlxserve.scheduler.batch import ForwardBatch, ForwardOutput
+from mlxserve.scheduler import lookahead
+from mlxserve.scheduler.batch import ForwardBatch
 from mlxserve.scheduler.batch_builder import build_forward_batch
 from mlxserve.scheduler.config import EngineConfig
-from mlxserve.scheduler.constraints import GrammarDeadEnd, TokenMasks
+from mlxserve.scheduler.constraints import TokenMasks
 from mlxserve.scheduler.draft import DraftModel
-from mlxserve.scheduler.events import make_event
-from mlxserve.scheduler.logprob_events import record_prompt_logprobs, with_logprobs
 from mlxserve.scheduler.memory_plan import MemoryPlan
-from mlxserve.scheduler.outputs import FinishReason, RequestOutput
 from mlxserve.scheduler.prefix_cache import PrefixCache
 from mlxserve.scheduler.request import Request, RequestStatus
 from mlxserve.scheduler.speculation import speculation_for
 from mlxserve.scheduler.step_budget import StepBudget
+from mlxserve.scheduler.step_results import StepResults
 from mlxserve.scheduler.token_spaces import TokenSpaces
 
 logger = logging.getLogger(__name__)
@@ -32,7 +31,7 @@ logger = logging.getLogger(__name__)
 DECODE_RESERVE_RATIO = 0.25
 
 
-class Scheduler:
+class Scheduler(StepResults):
     """Waiting queue, running set, and the slot bookkeeping behind them.
 
     A step is a prefill step (new requests and next chunks of long prompts, packed up to
@@ -80,7 +79,10 @@ class Scheduler:
         )
         # Set by the engine once a request with a grammar constraint arrives.
         self.constraints: TokenMasks | None = None
-        self._in_flight: list[Request] = []
+        # The requests of each batch scheduled and not processed yet, oldest first: one
+        # batch, or two while a launched decode step computes and the next one is built
+        # (``schedule_ahead``).
+        self._in_flight: deque[list[Request]] = deque()
         self._last_phase = "decode"
         self._arrivals = 0
         self.budget = StepBudget(config.max_prefill_tokens)
@@ -142,6 +144,7 @@ class Scheduler:
     # ----------------------------------------------------------------- scheduling
     def schedule(self) -> ForwardBatch | None:
         """Pick the next step's rows and allocate their slots; ``None`` if nothing can run."""
+        assert not self._in_flight, "schedule() needs every batch in flight processed"
         decoding = [r for r in self.running if r.pending_len == 1]
         prefill_pending = self.waiting or any(r.pending_len > 1 for r in self.running)
         batch = None
@@ -158,6 +161,24 @@ class Scheduler:
         if batch is not None:
             self._last_phase = batch.phase
         return batch
+
+    def overlappable(self, batch: ForwardBatch) -> bool:
+        """Whether ``batch`` may compute while the engine goes on (``lookahead.py``)."""
+        return lookahead.overlappable(self, batch)
+
+    def schedule_ahead(self, batch: ForwardBatch) -> tuple[ForwardBatch, np.ndarray] | None:
+        """The decode step after ``batch`` (the newest batch in flight, not processed yet),
+        its slots allocated, with the rows of ``batch`` whose sampled tokens its rows feed;
+        None when it cannot be known before ``batch``'s results (``lookahead.py``)."""
+        in_flight = self._in_flight[-1]
+        rows = lookahead.next_rows(self, in_flight, batch)
+        if rows is None:
+            return None
+        chosen = [in_flight[i] for i in rows]
+        with lookahead.assumed_next_token(chosen):
+            for req in chosen:
+                self._alloc_slots(req, 1)
+            return self._build_batch("decode", [(r, 1) for r in chosen]), rows
 
     def observe_step(self, batch: ForwardBatch, seconds: float) -> None:
         """Record how long ``batch``'s forward took (it sizes later prefill steps)."""
@@ -304,7 +325,7 @@ class Scheduler:
         return self._build_batch("decode", self._with_drafts(decoding))
 
     def _build_batch(self, phase: str, rows: list[tuple[Request, int]]) -> ForwardBatch:
-        self._in_flight = [r for r, _ in rows]
+        self._in_flight.append([r for r, _ in rows])
         batch = build_forward_batch(
             phase,
             rows,
@@ -332,118 +353,6 @@ class Scheduler:
             state_copies_in=self.cache.take_copies_in(),
             state_snapshots=np.array(snapshots, np.int32).reshape(-1, 2),
         )
-
-    # ----------------------------------------------------------------- results
-    def process(self, batch: ForwardBatch, out: ForwardOutput) -> list[RequestOutput]:
-        """Advance the in-flight requests by the forward's results; finished ones leave and
-        free their slots now. Returns one event per request that got a token."""
-        events = []
-        for i, req in enumerate(self._in_flight):
-            draft, req.draft_ids = req.draft_ids, []
-            if draft:
-                events.append(self._process_verified(req, draft, out, i))
-                continue
-            before = min(req.computed_len, req.prompt_len)
-            req.computed_len += int(batch.extend_lens[i])
-            self.prompt_tokens_computed += min(req.computed_len, req.prompt_len) - before
-            assert req.computed_len == req.allocated_len, (req.computed_len, req.allocated_len)
-            self.spaces.trim_window(req)
-            if batch.phase == "prefill" and i >= self._decode_in_flight:
-                self.cache.chunk_done(req)
-                if req.images is not None:
-                    req.images.release_before(req.computed_len)
-            record_prompt_logprobs(req, out.prompt_logprobs, i)
-            if not batch.sample_rows[i]:
-                continue
-            if req.embed:
-                events.append(self._finish_embedding(req, out.embeddings, i))
-                continue
-            token = int(out.next_token_ids[i])
-            try:
-                reason = self._accept(req, token)
-            except GrammarDeadEnd as e:
-                self._release(req)
-                events.append(self.make_event(req, [], "error", error=str(e), invalid=True))
-                continue
-            except Exception as e:  # noqa: BLE001 - fails this request only
-                logger.exception("request %s failed on token %d", req.request_id, token)
-                self._release(req)
-                events.append(self.make_event(req, [], "error", error=str(e)))
-                continue
-            if reason is not None:
-                self._release(req)
-            events.append(with_logprobs(self.make_event(req, [token], reason), req, out, i))
-        self._in_flight = []
-        return events
-
-    def _process_verified(
-        self, req: Request, draft: list[int], out: ForwardOutput, i: int
-    ) -> RequestOutput:
-        """A decode row that fed ``[last token] + draft``: emit what verification kept, cut
-        where plain decoding would have stopped (EOS, a stop token, max_tokens), and give
-        back the slots of every position past the last emitted token's predecessor."""
-        emitted = self.speculator.verify(req, draft, out.spec_token_ids[i])
-        taken: list[int] = []
-        reason = None
-        for token in emitted:
-            taken.append(token)
-            reason = self._accept(req, token)
-            if reason is not None:
-                break
-        # K/V are right for the last token and the accepted proposals before the last
-        # emitted token (that one is fed next, as after any decode step).
-        req.computed_len += len(taken)
-        # A draft model fed the proposals: its K/V are right up to the first rejected one.
-        req.draft_len = min(req.draft_len, req.computed_len)
-        self.spaces.free_tail(req, req.allocated_len - req.computed_len)
-        self.spaces.trim_window(req)
-        if reason is not None:
-            self._release(req)
-        return with_logprobs(self.make_event(req, taken, reason), req, out, i, len(taken))
-
-    def _finish_embedding(
-        self, req: Request, embeddings: np.ndarray | None, i: int
-    ) -> RequestOutput:
-        """An embedding request's prompt is in: it leaves (its prompt's K/V go to the
-        prefix cache) with the hidden state of its last position."""
-        self._release(req)
-        if embeddings is None:
-            return self.make_event(req, [], "error", error="the forward returned no embedding")
-        return replace(self.make_event(req, [], "stop"), embedding=embeddings[i].copy())
-
-    def _accept(self, req: Request, token: int) -> FinishReason | None:
-        """Append a sampled token; returns why the request finishes, if it does.
-
-        Raises:
-            Exception: this request cannot go on (e.g. its grammar refused the token); the
-                caller fails it alone.
-        """
-        req.output_ids.append(token)
-        return self._finish_reason(req, token)
-
-    def _finish_reason(self, req: Request, token: int) -> FinishReason | None:
-        if req.constraint is not None:
-            req.constraint.accept(token)
-            if req.constraint.finished:
-                return "stop"
-        if token in req.params.stop_token_ids:
-            return "stop"
-        if not req.params.ignore_eos and token in self.eos_token_ids:
-            return "stop"
-        if req.remaining_tokens <= 0 or req.seq_len >= self.max_context_len:
-            return "length"
-        return None
-
-    def fail_in_flight(self) -> list[Request]:
-        """Release every request of the batch that just failed; returns them."""
-        failed, self._in_flight = self._in_flight, []
-        for req in failed:
-            req.draft_ids = []
-            # Their K/V and state may be half written: nothing of them goes to the cache.
-            self._release(req, keep=False)
-        return failed
-
-    make_event = staticmethod(make_event)
 
     # ----------------------------------------------------------------- slots
     def _alloc_slots(self, req: Request, n: int) -> None:

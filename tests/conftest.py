@@ -116,14 +116,22 @@ def spy_row_groups(engine, phase: str | None = None) -> list[int]:
     """Record how many forwards each step of ``engine`` ran (its batch's row groups), for
     the steps of ``phase`` only when given."""
     seen: list[int] = []
-    forward = engine.executor.forward
+    forward, launch = engine.executor.forward, engine.executor.launch
 
-    def recording(batch):
+    def record(batch) -> None:
         if phase is None or batch.phase == phase:
             seen.append(max(1, len(batch.row_groups)))
+
+    def recording(batch):
+        record(batch)
         return forward(batch)
 
+    def recording_launch(batch, *after):
+        record(batch)
+        return launch(batch, *after)
+
     engine.executor.forward = recording
+    engine.executor.launch = recording_launch  # decode steps the engine overlaps
     return seen
 
 

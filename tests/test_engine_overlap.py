@@ -1,0 +1,131 @@
+"""Overlapped decode steps (``scheduler/lookahead.py``): the next decode step is built and
+launched, fed by the lazy tokens of the step still computing, before that step is processed.
+
+Against mlx-lm's single-sequence greedy generation and against the same engine with
+``disable_overlap``; every engine is checked for leaked slots on teardown (``make_engine``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import Collector, greedy_reference, submit
+
+PROMPTS = [
+    [1, 2, 3, 4, 5],
+    [7, 8],
+    [9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23],
+    [100, 101, 102],
+]
+MAX_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def references(tiny_llama):
+    return [greedy_reference(tiny_llama.model, p, MAX_TOKENS) for p in PROMPTS]
+
+
+def spy_launches(engine) -> list[bool]:
+    """Record each launched step: True when it was built ahead (fed by another step)."""
+    seen: list[bool] = []
+    launch = engine.executor.launch
+
+    def recording(batch, after=None, after_rows=None):
+        seen.append(after is not None)
+        return launch(batch, after, after_rows)
+
+    engine.executor.launch = recording
+    return seen
+
+
+def run_all(engine, prompts, per_request=None, **params):
+    col = Collector()
+    for i, prompt in enumerate(prompts):
+        extra = (per_request or {}).get(i, {})
+        submit(engine, col, str(i), prompt, **({"max_tokens": MAX_TOKENS} | params | extra))
+    finals = [col.wait(str(i)) for i in range(len(prompts))]
+    return [col.tokens[str(i)] for i in range(len(prompts))], finals
+
+
+class TestOverlappedDecode:
+    def test_steps_are_built_ahead_and_match_the_reference(
+        self, tiny_llama, make_engine, references
+    ):
+        engine = make_engine(tiny_llama, max_total_tokens=1024, max_running_requests=8)
+        launches = spy_launches(engine)
+        outputs, finals = run_all(engine, PROMPTS, temperature=0.0)
+        assert outputs == references
+        assert all(f.finish_reason == "length" for f in finals)
+        # One decode step launched on its own, then (almost) every one built ahead.
+        assert sum(launches) >= MAX_TOKENS - 4, launches
+
+    def test_disabled_runs_every_step_synchronously(self, tiny_llama, make_engine, references):
+        engine = make_engine(tiny_llama, max_total_tokens=1024, disable_overlap=True)
+        launches = spy_launches(engine)
+        outputs, _ = run_all(engine, PROMPTS, temperature=0.0)
+        assert outputs == references
+        assert launches == []
+
+    @pytest.mark.parametrize(
+        "params",
+        [
+            {"temperature": 1.0, "seed": 7},  # the draw's key is (seed, position)
+            {"temperature": 0.0, "min_tokens": 6, "logprobs": 2},
+            {"temperature": 0.0, "logit_bias": ((7, 3.0),)},
+            {"temperature": 0.0, "repetition_penalty": 1.3},  # never built ahead
+        ],
+    )
+    def test_same_output_as_synchronous_steps(self, tiny_llama, make_engine, params):
+        runs = []
+        for disable in (False, True):
+            engine = make_engine(tiny_llama, max_total_tokens=1024, disable_overlap=disable)
+            outputs, finals = run_all(engine, PROMPTS, **params)
+            runs.append((outputs, [f.completion_tokens for f in finals]))
+        assert runs[0] == runs[1]
+
+    def test_a_row_stopping_on_its_token_wastes_one_row_and_frees_its_slots(
+        self, tiny_llama, make_engine, references
+    ):
+        # Request 0 stops on its 4th token: the step after it was already built with its
+        # row, which computes for nothing and is skipped.
+        stop = references[0][3]
+        assert stop not in references[0][:3]
+        engine = make_engine(tiny_llama, max_total_tokens=1024)
+        launches = spy_launches(engine)
+        outputs, finals = run_all(engine, PROMPTS, {0: {"stop_token_ids": [stop]}}, temperature=0.0)
+        assert outputs[0] == references[0][:4] and finals[0].finish_reason == "stop"
+        assert outputs[1:] == references[1:]
+        assert any(launches)
+
+    def test_abort_while_a_step_computes(self, tiny_llama, make_engine, references):
+        engine = make_engine(tiny_llama, max_total_tokens=1024)
+        col = Collector()
+        for i, prompt in enumerate(PROMPTS):
+            max_tokens = 400 if i == 0 else MAX_TOKENS
+            submit(engine, col, str(i), prompt, max_tokens=max_tokens, temperature=0.0)
+        col.wait_tokens("0", 3)
+        engine.abort("0")
+        assert col.wait("0").finish_reason == "abort"
+        for i in range(1, len(PROMPTS)):
+            col.wait(str(i))
+            assert col.tokens[str(i)] == references[i]
+
+    def test_a_failed_launch_fails_every_request_in_flight_and_the_engine_goes_on(
+        self, tiny_llama, make_engine, references
+    ):
+        engine = make_engine(tiny_llama, max_total_tokens=1024)
+        launch, failed = engine.executor.launch, []
+
+        def failing_once(batch, after=None, after_rows=None):
+            if after is not None and not failed:
+                failed.append(batch.batch_size)
+                raise RuntimeError("injected launch failure")
+            return launch(batch, after, after_rows)
+
+        engine.executor.launch = failing_once
+        _, finals = run_all(engine, PROMPTS[:2], temperature=0.0)
+        # Request 1 fails with it unless it came in after the failure (then it is served).
+        assert failed and finals[0].finish_reason == "error" and "injected" in finals[0].error
+        assert finals[1].finish_reason in ("error", "length")
+        outputs, _ = run_all(engine, PROMPTS, temperature=0.0)
+        assert outputs == references
