@@ -1,7 +1,9 @@
 """mlxserve's engine without HTTP: the time of each forward, by phase and batch size.
 
 Loads the model as mlxserve does, starts its ``Engine``, submits ``requests``
-greedy corpus prompts at once and times every ``executor.forward`` call. The median decode
+greedy corpus prompts at once and times every ``executor.forward`` call (the engine's
+overlapped decode steps are off here, ``overlap`` off: an overlapped step's time is
+not one forward's). The median decode
 step at the full batch, set against :mod:`bench.forward_ceiling`, says how much of the gap
 to the ceiling is the engine's (slot-pool gathers, masks, sampling, scheduling) rather than
 the HTTP layer's. With ``--equal-prompt-tokens N`` the prompts are the ceiling's own (``N``
@@ -56,7 +58,7 @@ def run(
 
     loaded = load_model(model_spec)
     notes.append(_env.dequantize(loaded.model))
-    config = EngineConfig(max_total_tokens=32768, max_running_requests=requests)
+    config = EngineConfig(max_total_tokens=32768, max_running_requests=requests, overlap="off")
     engine = build_engine(loaded, config)
     engine.start()
     # phase, rows, tokens fed, positions computed, forwards, seconds

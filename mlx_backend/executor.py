@@ -234,6 +234,14 @@ class MLXExecutor:
         mx.eval(step.arrays(), self.kv.arrays(), self.states.arrays())
         return step.output()
 
+    @property
+    def overlaps_by_default(self) -> bool:
+        """Whether the engine should overlap decode steps (``launch``) when not told: on a
+        GPU the next step's graph is built while the GPU computes; on the CPU backend the
+        building and the forward share the cores (measured on 2 CPUs: no faster, 3% slower
+        at concurrency 32 through the server)."""
+        return mx.default_device().type != mx.cpu
+
     def launch(
         self,
         batch: ForwardBatch,

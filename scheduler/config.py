@@ -42,9 +42,12 @@ class EngineConfig:
             --model: a directory, a GGUF file or a Hugging Face id), with the same
             vocabulary as the served model; its K/V live in pools of its own, written in the
             same slots as the served model's.
-        disable_overlap: run every step synchronously (schedule, forward, wait, process)
-            instead of building the next decode step while the current one computes
-            (``scheduler/lookahead.py``); the output is the same either way.
+        overlap: build the next decode step while the current one computes
+            (``scheduler/lookahead.py``) instead of scheduling, running, waiting for and
+            processing each step in turn: "auto" does where the executor says it pays (the
+            MLX executor: on a GPU; not on the CPU backend, where the graph building and
+            the forward share the same cores: measured no faster there), "on" and "off"
+            always and never. The output is the same either way.
     """
 
     max_total_tokens: int = 0
@@ -61,7 +64,7 @@ class EngineConfig:
     prompt_lookup_min: int = 3
     prompt_lookup_max: int = 4
     draft_model: str | None = None
-    disable_overlap: bool = False
+    overlap: Literal["auto", "on", "off"] = "auto"
 
     def __post_init__(self) -> None:
         if self.max_total_tokens < 0:
@@ -90,6 +93,8 @@ class EngineConfig:
             raise ValueError(f"mem_fraction must be in (0, 1], got {self.mem_fraction}")
         if self.kv_bits is not None and self.kv_bits not in KV_BITS:
             raise ValueError(f"kv_bits must be one of {KV_BITS} or None, got {self.kv_bits}")
+        if self.overlap not in ("auto", "on", "off"):
+            raise ValueError(f"overlap must be auto, on or off, got {self.overlap!r}")
         if self.kv_group_size not in KV_GROUP_SIZES:
             raise ValueError(
                 f"kv_group_size must be one of {KV_GROUP_SIZES}, got {self.kv_group_size}"

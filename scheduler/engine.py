@@ -74,7 +74,10 @@ class Engine:
         # A decode step launched and not collected yet: (batch, executor handle, the time
         # its computing began); only with an executor that can launch (``launch``).
         self._launched: tuple[ForwardBatch, Any, float] | None = None
-        self._overlap = not config.disable_overlap and hasattr(executor, "launch")
+        self._overlap = hasattr(executor, "launch") and (
+            config.overlap == "on"
+            or (config.overlap == "auto" and getattr(executor, "overlaps_by_default", False))
+        )
         self._stop = threading.Event()
         self._ready = threading.Event()
         # Requests submitted and not yet finished (any thread reads it for wait_idle).

@@ -6,8 +6,9 @@ implementation is ``mlx_backend.executor.MLXExecutor``; tests drive the engine w
 An executor may also have ``launch(batch, after=None, after_rows=None)``: start a decode
 step without waiting and return a handle whose ``result()`` gives its ``ForwardOutput``
 (given ``after``, a handle not yet collected, the batch's rows feed the tokens ``after``
-samples for its rows ``after_rows``). The engine then overlaps decode steps
-(``scheduler/lookahead.py``); without it every step is a ``forward``.
+samples for its rows ``after_rows``), and ``overlaps_by_default``: whether doing so pays
+on its device. The engine then overlaps decode steps (``scheduler/lookahead.py``,
+``EngineConfig.overlap``); without ``launch`` every step is a ``forward``.
 """
 
 from __future__ import annotations

@@ -2,14 +2,22 @@
 launched, fed by the lazy tokens of the step still computing, before that step is processed.
 
 Against mlx-lm's single-sequence greedy generation and against the same engine with
-``disable_overlap``; every engine is checked for leaked slots on teardown (``make_engine``).
+``overlap="off"``; every engine is checked for leaked slots on teardown (``make_engine``).
 """
 
 from __future__ import annotations
 
+import mlx.core as mx
 import pytest
 
-from tests.conftest import Collector, greedy_reference, submit
+from mlxserve.mlx_backend.loading.loader import load_model
+from tests.conftest import Collector, greedy_reference, make_tiny_llama, submit
+from tests.tiny_models import (
+    RECURRENT_ARCHITECTURES,
+    SLIDING_ARCHITECTURES,
+    WINDOW,
+    build_tiny_model_dir,
+)
 
 PROMPTS = [
     [1, 2, 3, 4, 5],
@@ -51,7 +59,9 @@ class TestOverlappedDecode:
     def test_steps_are_built_ahead_and_match_the_reference(
         self, tiny_llama, make_engine, references
     ):
-        engine = make_engine(tiny_llama, max_total_tokens=1024, max_running_requests=8)
+        engine = make_engine(
+            tiny_llama, max_total_tokens=1024, max_running_requests=8, overlap="on"
+        )
         launches = spy_launches(engine)
         outputs, finals = run_all(engine, PROMPTS, temperature=0.0)
         assert outputs == references
@@ -59,8 +69,11 @@ class TestOverlappedDecode:
         # One decode step launched on its own, then (almost) every one built ahead.
         assert sum(launches) >= MAX_TOKENS - 4, launches
 
-    def test_disabled_runs_every_step_synchronously(self, tiny_llama, make_engine, references):
-        engine = make_engine(tiny_llama, max_total_tokens=1024, disable_overlap=True)
+    @pytest.mark.parametrize("overlap", ["off", "auto"])  # auto: off on the CPU backend
+    def test_off_runs_every_step_synchronously(self, tiny_llama, make_engine, references, overlap):
+        if overlap == "auto" and mx.default_device().type != mx.cpu:
+            pytest.skip("auto overlaps on a GPU")
+        engine = make_engine(tiny_llama, max_total_tokens=1024, overlap=overlap)
         launches = spy_launches(engine)
         outputs, _ = run_all(engine, PROMPTS, temperature=0.0)
         assert outputs == references
@@ -77,8 +90,8 @@ class TestOverlappedDecode:
     )
     def test_same_output_as_synchronous_steps(self, tiny_llama, make_engine, params):
         runs = []
-        for disable in (False, True):
-            engine = make_engine(tiny_llama, max_total_tokens=1024, disable_overlap=disable)
+        for overlap in ("on", "off"):
+            engine = make_engine(tiny_llama, max_total_tokens=1024, overlap=overlap)
             outputs, finals = run_all(engine, PROMPTS, **params)
             runs.append((outputs, [f.completion_tokens for f in finals]))
         assert runs[0] == runs[1]
@@ -90,7 +103,7 @@ class TestOverlappedDecode:
         # row, which computes for nothing and is skipped.
         stop = references[0][3]
         assert stop not in references[0][:3]
-        engine = make_engine(tiny_llama, max_total_tokens=1024)
+        engine = make_engine(tiny_llama, max_total_tokens=1024, overlap="on")
         launches = spy_launches(engine)
         outputs, finals = run_all(engine, PROMPTS, {0: {"stop_token_ids": [stop]}}, temperature=0.0)
         assert outputs[0] == references[0][:4] and finals[0].finish_reason == "stop"
@@ -98,7 +111,7 @@ class TestOverlappedDecode:
         assert any(launches)
 
     def test_abort_while_a_step_computes(self, tiny_llama, make_engine, references):
-        engine = make_engine(tiny_llama, max_total_tokens=1024)
+        engine = make_engine(tiny_llama, max_total_tokens=1024, overlap="on")
         col = Collector()
         for i, prompt in enumerate(PROMPTS):
             max_tokens = 400 if i == 0 else MAX_TOKENS
@@ -113,7 +126,7 @@ class TestOverlappedDecode:
     def test_a_failed_launch_fails_every_request_in_flight_and_the_engine_goes_on(
         self, tiny_llama, make_engine, references
     ):
-        engine = make_engine(tiny_llama, max_total_tokens=1024)
+        engine = make_engine(tiny_llama, max_total_tokens=1024, overlap="on")
         launch, failed = engine.executor.launch, []
 
         def failing_once(batch, after=None, after_rows=None):
@@ -129,3 +142,34 @@ class TestOverlappedDecode:
         assert finals[1].finish_reason in ("error", "length")
         outputs, _ = run_all(engine, PROMPTS, temperature=0.0)
         assert outputs == references
+
+
+# Sliding-window layouts that overlap (the recurrent ones never do): gemma3's sliding +
+# full layers, gpt-oss's attention sinks, an all-sliding-but-one llama.
+SLIDING = [a for a in SLIDING_ARCHITECTURES if a not in RECURRENT_ARCHITECTURES]
+
+
+class TestOtherLayouts:
+    @pytest.mark.parametrize("arch", SLIDING)
+    def test_sliding_windows_match_the_reference(self, arch, tmp_path, make_engine):
+        loaded = load_model(str(build_tiny_model_dir(arch, tmp_path / arch)))
+        # Longer than the window, so rows trim their sliding slots while a step is ahead.
+        prompts = [[(7 * i + 3 * j) % 200 + 10 for j in range(n)] for i, n in enumerate([3, 9])]
+        refs = [greedy_reference(loaded.model, p, 3 * WINDOW) for p in prompts]
+        engine = make_engine(loaded, max_total_tokens=512, overlap="on")
+        launches = spy_launches(engine)
+        outputs, _ = run_all(engine, prompts, max_tokens=3 * WINDOW, temperature=0.0)
+        assert outputs == refs, arch
+        assert sum(launches) > WINDOW
+
+    def test_quantized_pools_give_what_synchronous_steps_give(self, make_engine):
+        llama = make_tiny_llama(head_dim=32)  # --kv-group-size 32 must divide it
+        runs = []
+        for overlap in ("on", "off"):
+            engine = make_engine(
+                llama, max_total_tokens=1024, kv_bits=8, kv_group_size=32, overlap=overlap
+            )
+            launches = spy_launches(engine)
+            runs.append((run_all(engine, PROMPTS, temperature=0.0)[0], any(launches)))
+        assert runs[0][0] == runs[1][0]
+        assert runs[0][1] and not runs[1][1]

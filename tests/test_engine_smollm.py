@@ -35,9 +35,13 @@ def references(smollm, prompts):
 
 
 class TestSmolLM2BatchedGreedy:
-    def test_six_concurrent_requests_match_mlx_lm(self, smollm, make_engine, prompts, references):
+    # overlap "on": decode steps built ahead (scheduler/lookahead.py), off by default here.
+    @pytest.mark.parametrize("overlap", ["auto", "on"])
+    def test_six_concurrent_requests_match_mlx_lm(
+        self, smollm, make_engine, prompts, references, overlap
+    ):
         assert len({len(p) for p in prompts}) == len(prompts), "prompt lengths must differ"
-        engine = make_engine(smollm, max_total_tokens=2048, max_running_requests=8)
+        engine = make_engine(smollm, max_total_tokens=2048, max_running_requests=8, overlap=overlap)
         col = Collector()
         for i, prompt in enumerate(prompts[:5]):
             submit(engine, col, str(i), prompt, max_tokens=MAX_TOKENS, temperature=0.0)
