@@ -80,4 +80,4 @@ def assumed_next_token(reqs: list[Request]) -> Iterator[None]:
             req.output_ids.pop()
             req.computed_len -= 1
             # all_ids() caches by length: the placeholder must not outlive the block.
-            req._ids_array = None
+            req.forget_cached_ids()

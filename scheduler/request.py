@@ -133,6 +133,11 @@ class Request:
             self._ids_array = ids if self.images is None else self.images.cache_ids(ids)
         return self._ids_array
 
+    def forget_cached_ids(self) -> None:
+        """Drop ``all_ids()``'s cached array, which is kept while the length is unchanged:
+        needed when a token is replaced in place (``lookahead.assumed_next_token``)."""
+        self._ids_array = None
+
     def token_ids(self, start: int, end: int) -> list[int]:
         """Tokens of ``prompt + output`` in ``[start, end)``."""
         assert 0 <= start <= end <= self.seq_len, (start, end, self.seq_len)

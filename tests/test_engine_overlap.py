@@ -173,3 +173,17 @@ class TestOtherLayouts:
             runs.append((run_all(engine, PROMPTS, temperature=0.0)[0], any(launches)))
         assert runs[0][0] == runs[1][0]
         assert runs[0][1] and not runs[1][1]
+
+
+def test_the_assumed_token_never_reaches_the_prefix_cache_key():
+    """all_ids() (the prefix cache's key) cached inside the block holds the placeholder; it
+    must be recomputed once the real token of the same length arrives."""
+    from mlxserve.scheduler.lookahead import assumed_next_token
+    from mlxserve.scheduler.request import Request
+    from mlxserve.scheduler.sampling_params import SamplingParams
+
+    req = Request("r", [5, 6, 7], SamplingParams(max_tokens=4), lambda e: None)
+    with assumed_next_token([req]):
+        assert list(req.all_ids()) == [5, 6, 7, 0]
+    req.output_ids.append(42)
+    assert list(req.all_ids()) == [5, 6, 7, 42]
