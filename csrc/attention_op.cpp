@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "attention_kernel.h"
+#include "isa.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "thread_pool.h"
 
@@ -20,21 +21,10 @@ namespace {
 struct Kernel {
   void (*run)(const AttentionArgs&, const AttentionTask&);
   void (*merge)(const AttentionArgs&, int, int, const float*, int, int64_t);
-  const char* isa;
 };
 
-Kernel pick_kernel() {
-#if defined(MLXSERVE_HAVE_X86_V3)
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    return {isa_x86_v3::run_task, isa_x86_v3::merge_partials, "x86-64-v3"};
-  }
-#endif
-  return {isa_baseline::run_task, isa_baseline::merge_partials, MLXSERVE_BASELINE_ISA};
-}
-
 const Kernel& kernel() {
-  static const Kernel k = pick_kernel();
+  static const Kernel k{MLXSERVE_PICK_ISA(run_task), MLXSERVE_PICK_ISA(merge_partials)};
   return k;
 }
 
@@ -219,7 +209,7 @@ int64_t packed_row_words(int64_t dim, int bits, int group_size) {
 }  // namespace
 
 std::string kernel_isa() {
-  return kernel().isa;
+  return MLXSERVE_ISA_NAME;
 }
 
 mx::array ragged_attention(

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -57,5 +58,19 @@ class ThreadPool {
   unsigned generation_{0};
   bool stop_{false};
 };
+
+// Runs fn(i) for every i in [0, n): on the calling thread when n is 1, else on
+// the pool (fn must outlive the call, which it does: the call waits for all).
+template <typename Fn>
+void parallel_blocks(int64_t n, const Fn& fn) {
+  if (n == 1) {
+    fn(0);
+  } else if (n > 1) {
+    ThreadPool::instance().parallel_for(
+        static_cast<int>(n),
+        [](void* ctx, int i) { (*static_cast<const Fn*>(ctx))(i); },
+        const_cast<Fn*>(&fn));
+  }
+}
 
 }  // namespace mlxserve

@@ -193,6 +193,9 @@ class TestPureMlxPath:
 
         monkeypatch.delenv(native.ENV_SWITCH, raising=False)
         monkeypatch.setattr(native.importlib, "import_module", lambda name: Stale)
+        module, why = native._import_extension()
+        assert module is None and "built against MLX 0.0.1" in why
+        monkeypatch.setattr(native, "extension", lambda: (module, why))
         status = native._load()
         assert not status.active and "built against MLX 0.0.1" in status.reason, status
 

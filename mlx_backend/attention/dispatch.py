@@ -23,10 +23,8 @@ view's own (a model that rewrites them) falls back too, logged once per layer.
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 from dataclasses import dataclass, field
-from types import ModuleType
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -37,6 +35,7 @@ from mlxserve.mlx_backend.attention import native
 from mlxserve.mlx_backend.kv.cache_view import FoldedPoolKVCacheView, PoolKVCacheView
 from mlxserve.mlx_backend.kv.layer_layout import CacheSpec, LayerLayout
 from mlxserve.mlx_backend.kv.quantization import KVQuantization
+from mlxserve.mlx_backend.model_modules import rebind_in_model_modules
 
 logger = logging.getLogger(__name__)
 
@@ -117,25 +116,9 @@ def _warn_once(layer: int, why: str) -> None:
 def install_dispatch(model: nn.Module) -> list[str]:
     """Rebind ``scaled_dot_product_attention`` in the modules ``model``'s layers come from
     (idempotent). Returns the names of the modules that now dispatch."""
-    names = sorted({type(m).__module__ for m in model.modules()} | {type(model).__module__})
-    patched = []
-    for name in names:
-        module = sys.modules.get(name)
-        if module is None:
-            continue
-        if _rebind(module):
-            patched.append(name)
-    return patched
-
-
-def _rebind(module: ModuleType) -> bool:
-    bound = getattr(module, NAME, None)
-    if bound is scaled_dot_product_attention:
-        return True
-    if bound is _mlx_lm_sdpa:
-        setattr(module, NAME, scaled_dot_product_attention)
-        return True
-    return False
+    return rebind_in_model_modules(
+        model, NAME, _mlx_lm_sdpa, scaled_dot_product_attention, mlx_lm_base.__name__
+    )
 
 
 @dataclass

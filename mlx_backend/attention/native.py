@@ -88,21 +88,42 @@ def native_status() -> NativeStatus:
         return _status
 
 
+_extension: tuple[ModuleType | None, str] | None = None
+
+
+def extension() -> tuple[ModuleType | None, str]:
+    """The native extension (its attention and activation ops, its thread pool) when it was
+    built against the MLX imported now, else None and why; imported once per process."""
+    global _extension
+    with _extension_lock:
+        if _extension is None:
+            _extension = _import_extension()
+        return _extension
+
+
+_extension_lock = threading.Lock()
+
+
+def _import_extension() -> tuple[ModuleType | None, str]:
+    try:
+        module = importlib.import_module("mlxserve.mlx_backend.attention._native")
+    except ImportError as e:
+        return None, f"the native extension was not built at install ({e})"
+    built = module.built_with_mlx()
+    running = mx.__version__.split(".dev")[0]
+    if built != running:
+        return None, f"built against MLX {built} but MLX {running} is imported; reinstall mlxserve"
+    return module, "loaded"
+
+
 def _load() -> NativeStatus:
     global _module
     setting = os.environ.get(ENV_SWITCH, "").strip().lower()
     if setting in _GATHER_VALUES:
         return NativeStatus(False, f"disabled by {ENV_SWITCH}={setting}")
-    try:
-        module = importlib.import_module("mlxserve.mlx_backend.attention._native")
-    except ImportError as e:
-        return NativeStatus(False, f"the native extension was not built at install ({e})")
-    built = module.built_with_mlx()
-    running = mx.__version__.split(".dev")[0]
-    if built != running:
-        return NativeStatus(
-            False, f"built against MLX {built} but MLX {running} is imported; reinstall mlxserve"
-        )
+    module, why = extension()
+    if module is None:
+        return NativeStatus(False, why)
     error = _self_test(module)
     if error is not None:
         return NativeStatus(False, f"self-test failed: {error}")
@@ -272,11 +293,14 @@ def padded_runs(
 
 
 def set_threads(n: int) -> None:
-    """Threads the kernel may use (the calling thread included); no-op when inactive."""
-    if _module is not None:
-        _module.set_threads(int(n))
+    """Threads the native kernels may use (the calling thread included); no-op when the
+    extension is not loaded."""
+    module, _ = extension()
+    if module is not None:
+        module.set_threads(int(n))
 
 
 def threads() -> int:
-    """Threads the kernel uses now (0 when inactive)."""
-    return 0 if _module is None else int(_module.threads())
+    """Threads the native kernels use now (0 when the extension is not loaded)."""
+    module, _ = extension()
+    return 0 if module is None else int(module.threads())
