@@ -9,7 +9,10 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/variant.h>
 
+#include "activation_op.h"
 #include "attention_op.h"
+#include "norm_op.h"
+#include "rope_op.h"
 #include "mlx/version.h"
 #include "thread_pool.h"
 
@@ -42,6 +45,40 @@ NB_MODULE(_native, m) {
       "Attention of [B, Hq, L, D] queries over the pool rows their slots name "
       "(see csrc/attention_kernel.h): float32 pools (bits 0) or packed uint32 rows "
       "(bits 8 or 4, group_size 32, 64 or 128). Returns [B, Hq, L, Dv].");
+  m.def(
+      "silu_mul",
+      &mlxserve::silu_mul,
+      "gate"_a,
+      "x"_a,
+      nb::kw_only(),
+      "stream"_a = nb::none(),
+      "silu(gate) * x (mlx-lm's swiglu) of float32 arrays of one shape, on the CPU.");
+  m.def(
+      "rope",
+      &mlxserve::rope,
+      "x"_a,
+      "dims"_a,
+      nb::kw_only(),
+      "traditional"_a,
+      "base"_a,
+      "scale"_a,
+      "offset"_a,
+      "freqs"_a = nb::none(),
+      "stream"_a = nb::none(),
+      "mx.fast.rope of float32 [B, N, T, D] on the CPU, as MLX's CPU graph computes it; "
+      "offset int32 [1] or [B], freqs float32 [dims / 2] or None (then base).");
+  m.def(
+      "rms_norm",
+      &mlxserve::rms_norm,
+      "x"_a,
+      "weight"_a,
+      "eps"_a,
+      nb::kw_only(),
+      "stream"_a = nb::none(),
+      "mx.fast.rms_norm of float32 [..., D] on the CPU, as MLX's CPU graph computes it; "
+      "weight float32 [D] or None.");
+  m.def("activation_isa", &mlxserve::activation_isa,
+        "The instruction set of the activation kernel this CPU runs.");
   m.def(
       "set_threads",
       [](int n) { mlxserve::ThreadPool::instance().set_threads(n); },

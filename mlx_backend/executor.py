@@ -30,6 +30,7 @@ from mlxserve.mlx_backend.kv.quantization import (
 from mlxserve.mlx_backend.logits import LastTokenLogits, vocab_size
 from mlxserve.mlx_backend.logprobs import prompt_logprobs, prompt_positions, sampled_logprobs
 from mlxserve.mlx_backend.memory import plan_memory
+from mlxserve.mlx_backend.native_ops import NativeOpsPlan, plan_native_ops
 from mlxserve.mlx_backend.sampler import Sampler
 from mlxserve.mlx_backend.spec_verify import VerifyEntries
 from mlxserve.mlx_backend.step_output import GroupOutput, LaunchedStep, in_order
@@ -78,6 +79,7 @@ class MLXExecutor:
         self.logits: LastTokenLogits | None = None
         self.blas_threads: AdaptiveBlasThreads | None = None
         self.attention: AttentionPlan | None = None
+        self.native_ops: NativeOpsPlan | None = None
         self._vocab_size = 0
 
     @property
@@ -169,12 +171,13 @@ class MLXExecutor:
         self.kv = KVPool(layout, plan.full_tokens, plan.sliding_tokens, quant)
         self.states = StatePool(layout, plan.state_slots)
         self.sampler = Sampler(self.seed)
-        self.logits = LastTokenLogits(self.model)
+        self.native_ops = plan_native_ops(self.model)
+        self.logits = LastTokenLogits(self.model, self.native_ops.active)
         self._vocab_size = vocab_size(self.model)
         if self.attention is None:
             self.attention = plan_attention(self.model, layout)
         self.blas_threads = cpu_thread_policy()
-        logger.info("attention: %s", self.attention.path)
+        logger.info("attention: %s; elementwise: %s", self.attention.path, self.native_ops.path)
         for index, why in sorted(self.attention.fallbacks.items()):
             logger.info("attention layer %d does not take the native op: %s", index, why)
         mib = 2**-20

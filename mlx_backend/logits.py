@@ -15,6 +15,8 @@ from collections.abc import Callable
 import mlx.core as mx
 import mlx.nn as nn
 
+from mlxserve.mlx_backend.native_ops import native_forward
+
 logger = logging.getLogger(__name__)
 
 
@@ -60,11 +62,14 @@ class LastTokenLogits:
 
     Args:
         model: an mlx-lm model.
+        native_ops: run the model's forwards in ``native_ops.native_forward`` (the load-time
+            plan said they take the native ops).
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, native_ops: bool = False) -> None:
         self.model = model
         self.head = find_verified_head(model)
+        self.native_ops = native_ops
 
     def __call__(self, inputs: mx.array, caches: list, last_pos: mx.array) -> mx.array:
         """Returns: ``[B, V]`` logits of position ``last_pos[b]`` of each row ``b``."""
@@ -86,9 +91,10 @@ class LastTokenLogits:
 
         Returns: ``[N, V]`` logits of position ``positions[n]`` of row ``rows[n]``.
         """
-        if self.head is None:
-            return self.model(inputs, cache=caches, **model_inputs)[rows, positions]
-        hidden = self.model.model(inputs, cache=caches, **model_inputs)
+        with native_forward(self.native_ops):
+            if self.head is None:
+                return self.model(inputs, cache=caches, **model_inputs)[rows, positions]
+            hidden = self.model.model(inputs, cache=caches, **model_inputs)
         return self.head(hidden[rows, positions][:, None, :])[:, 0, :]
 
     def hidden_and_logits(
@@ -117,7 +123,8 @@ class LastTokenLogits:
             )
         if logits and self.head is None:
             raise ValueError("this model's head cannot be split off: embed and generate apart")
-        hidden = inner(inputs, cache=caches, **model_inputs)[rows, positions]
+        with native_forward(self.native_ops):
+            hidden = inner(inputs, cache=caches, **model_inputs)[rows, positions]
         if not logits:
             return hidden, None
         return hidden, self.head(hidden[:, None, :])[:, 0, :]

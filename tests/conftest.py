@@ -145,25 +145,44 @@ def gather_attention(monkeypatch) -> None:
 
 
 class AttentionSpy:
-    """Counts the native attention op's calls and the dispatch's runtime fallbacks."""
+    """Counts the native attention op's calls and the dispatch's runtime fallbacks, and the
+    native elementwise ops' calls (``native_ops``: "swiglu", "rope", "rms_norm")."""
 
     def __init__(self) -> None:
         self.native_calls = 0
         self.fallbacks: list[tuple[int, str]] = []
+        self.elementwise_calls: dict[str, int] = {"swiglu": 0, "rope": 0, "rms_norm": 0}
 
 
 @pytest.fixture
 def attention_spy(monkeypatch) -> AttentionSpy:
+    from mlxserve.mlx_backend import native_ops
     from mlxserve.mlx_backend.attention import dispatch, native
 
     spy = AttentionSpy()
     op = native.ragged_attention
+    silu_mul, rope_op, rms_norm_op = native_ops.silu_mul, native_ops.rope_op, native_ops.rms_norm_op
 
     def counting(*args, **kwargs):
         spy.native_calls += 1
         return op(*args, **kwargs)
 
+    def counting_silu_mul(gate, x):
+        spy.elementwise_calls["swiglu"] += 1
+        return silu_mul(gate, x)
+
+    def counting_rope_op(*args):
+        spy.elementwise_calls["rope"] += 1
+        return rope_op(*args)
+
+    def counting_rms_norm_op(*args):
+        spy.elementwise_calls["rms_norm"] += 1
+        return rms_norm_op(*args)
+
     monkeypatch.setattr(native, "ragged_attention", counting)
+    monkeypatch.setattr(native_ops, "silu_mul", counting_silu_mul)
+    monkeypatch.setattr(native_ops, "rope_op", counting_rope_op)
+    monkeypatch.setattr(native_ops, "rms_norm_op", counting_rms_norm_op)
     monkeypatch.setattr(
         dispatch, "_warn_once", lambda layer, why: spy.fallbacks.append((layer, why))
     )

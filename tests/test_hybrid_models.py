@@ -94,6 +94,8 @@ class TestExactUnderBatching:
         assert not attention_spy.fallbacks, f"{arch}: runtime fallbacks {attention_spy.fallbacks}"
         if engine.executor.attention.ragged_layers:
             assert attention_spy.native_calls > 0, f"{arch}: the native op never ran"
+        for op in engine.executor.native_ops.ops:  # what the load-time probe saw it reach
+            assert attention_spy.elementwise_calls[op] > 0, f"{arch}: native {op} never ran"
 
     @pytest.mark.parametrize("arch", DIR_ARCHITECTURES + IN_MEMORY_ARCHITECTURES)
     def test_decode_split_by_context_matches_mlx_lm(
