@@ -37,7 +37,12 @@ from mlxserve.server.http.hosts import LoopbackHostOnly
 from mlxserve.server.http.json_body import StrictJSONRoute
 from mlxserve.server.http.limits import BodySizeLimit
 from mlxserve.server.http.slow_clients import BodyReadTimeout
-from mlxserve.server.lifecycle.loading import LoadProgress, attention_line, backend_name
+from mlxserve.server.lifecycle.loading import (
+    LoadProgress,
+    attention_line,
+    backend_name,
+    native_ops_line,
+)
 from mlxserve.server.lifecycle.state import ServerState
 from mlxserve.server.webui.routes import add_webui_routes, is_webui_path
 
@@ -146,6 +151,7 @@ def create_app(
             "mlx_lm": mlx_lm.__version__,
             "backend": backend_name(),
             "attention": attention_line(),
+            "elementwise": native_ops_line(),
         }
 
     add_openai_routes(app, state.models, state.admission)

@@ -279,12 +279,18 @@ def _print_version() -> int:
     import mlx_lm
 
     from mlxserve.server.app import VERSION
-    from mlxserve.server.lifecycle.loading import attention_line, backend_name, blas_line
+    from mlxserve.server.lifecycle.loading import (
+        attention_line,
+        backend_name,
+        blas_line,
+        native_ops_line,
+    )
 
     print(f"mlxserve {VERSION} (mlx {mx.__version__}, mlx-lm {mlx_lm.__version__})")
     print(f"backend: {backend_name()}")
     print(f"BLAS: {blas_line()}")
     print(f"attention: {attention_line()}")
+    print(f"elementwise: {native_ops_line()}")
     return 0
 
 

@@ -36,6 +36,7 @@ from mlxserve.server.lifecycle.loading import (
     blas_line,
     convert_for_backend,
     keep_quantized_note,
+    native_ops_line,
 )
 from mlxserve.server.lifecycle.shutdown import ABORT_FLUSH_S, GracefulServer
 from mlxserve.server.lifecycle.state import ServerState
@@ -85,12 +86,13 @@ def serve(
 
     check_model_path(model_config.model)
     logger.info(
-        "mlxserve %s: model %s, backend %s, BLAS %s, attention %s",
+        "mlxserve %s: model %s, backend %s, BLAS %s, attention %s, elementwise %s",
         VERSION,
         model_config.model or "embedded SmolLM2-135M-Instruct",
         backend_name(),
         blas_line(),
         attention_line(),
+        native_ops_line(),
     )
     warn_if_exposed(config)
     progress = LoadProgress()

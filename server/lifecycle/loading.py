@@ -311,6 +311,16 @@ def attention_line() -> str:
     return f"MLX SDPA over gathered K/V ({status.reason})"
 
 
+def native_ops_line() -> str:
+    """Which path serves the models' elementwise ops (swiglu, rope, RMS norm), in one line
+    (which of them a model reaches is logged when its pools are allocated)."""
+    if backend_name() == "metal":
+        return "MLX's (Metal)"
+    from mlxserve.mlx_backend.native_ops import describe
+
+    return describe()
+
+
 def describe_weights(model: Any) -> str:
     """dtype and size of a model's parameters, e.g. "float32, 4-bit quantized (210 layers),
     95 MiB"."""
