@@ -216,8 +216,8 @@ class NativeOpsPlan:
 
 def plan_native_ops(model: nn.Module) -> NativeOpsPlan:
     """Decide, once at load, whether ``model``'s forwards take the native ops: rebind
-    ``swiglu`` in the model's modules, replace ``mx.fast.rope``, and run one probe forward
-    to see which of them the model's layers reach."""
+    ``swiglu`` in the model's modules, replace ``mx.fast.rope`` and ``mx.fast.rms_norm``,
+    and run one probe forward to see which of them the model's layers reach."""
     if mx.default_device().type != mx.cpu:
         return NativeOpsPlan(False, "MLX's (MLX runs on the GPU)")
     why = _unavailable()
@@ -226,7 +226,10 @@ def plan_native_ops(model: nn.Module) -> NativeOpsPlan:
     mx.fast.rope = rope  # idempotent; outside native_forward they are MLX's own
     mx.fast.rms_norm = rms_norm
     rebind_in_model_modules(model, "swiglu", _mlx_lm_swiglu, swiglu, mlx_lm_activations.__name__)
-    served = _probe(model)
+    try:
+        served = _probe(model)
+    except Exception as e:  # noqa: BLE001 - a model the probe cannot run keeps MLX's path
+        return NativeOpsPlan(False, f"MLX's (the probe forward failed: {e!r})")
     if not served:
         return NativeOpsPlan(False, "MLX's (the model calls none of the ops served)")
     exact = "bit-identical to" if all(_bit_identical[op] for op in served) else "within 1e-5 of"

@@ -151,6 +151,16 @@ class TestDispatch:
                 mx.fast.rope(x, 8, **rope_args), native_ops._mlx_rope(x, 8, **rope_args)
             )
 
+    def test_a_model_the_probe_cannot_run_keeps_mlx(self, plan):
+        class Broken(mlx.nn.Module):
+            layers: list = []
+
+            def __call__(self, inputs, cache=None):
+                raise TypeError("needs pixel values")
+
+        plan = plan_native_ops(Broken())
+        assert not plan.active and "probe forward failed" in plan.path
+
     def test_switched_off_by_the_environment(self):
         code = (
             "import mlx.core as mx\n"
