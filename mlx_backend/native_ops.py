@@ -11,10 +11,12 @@ seven ops (cos and sin per element, sum, rsqrt, ...), another tenth. The native 
 repeat MLX's own formulas operation for operation, in MLX's order, so their results are
 bit-identical to MLX's; each self-test checks that and the plan's line reports it.
 
-- ``swiglu``: most mlx-lm models compute their MLP's activation with ``swiglu`` from
-  ``mlx_lm.models.activations``, a name each model module (and ``switch_layers`` for MoE
-  experts) binds at import; :func:`plan_native_ops` rebinds it in the modules the loaded
-  model's layers come from.
+- ``swiglu``, opt-in (``MLXSERVE_NATIVE_SWIGLU=on``): most mlx-lm models compute their MLP's
+  activation with ``swiglu`` from ``mlx_lm.models.activations``, a name each model module
+  (and ``switch_layers`` for MoE experts) binds at import; with the opt-in
+  :func:`plan_native_ops` rebinds it in the modules the loaded model's layers come from.
+  DESIGN.md keeps rebinding names in model code to the one attention dispatch point, hence
+  off by default.
 - ``mx.fast.rope`` and ``mx.fast.rms_norm``: called through ``mx.fast`` by ``nn.RoPE``,
   ``nn.RMSNorm`` and mlx-lm's own rope and norm classes; the plan replaces the attributes of
   ``mlx.core.fast`` with :func:`rope` and :func:`rms_norm` (once per process).
@@ -49,6 +51,19 @@ logger = logging.getLogger(__name__)
 
 ENV_SWITCH = "MLXSERVE_NATIVE_OPS"
 _OFF_VALUES = {"mlx", "off", "0", "false", "no"}
+# swiglu is served by rebinding a name in the model's own modules, which DESIGN.md reserves
+# for the one attention dispatch point ("nothing else in model code is replaced"); so it is
+# opt-in. rope and RMS norm replace MLX's functions, not model code, and are on by default.
+SWIGLU_SWITCH = "MLXSERVE_NATIVE_SWIGLU"
+_ON_VALUES = {"on", "1", "true", "yes"}
+
+
+def swiglu_opted_in() -> bool:
+    """Whether ``MLXSERVE_NATIVE_SWIGLU`` asks for the native swiglu (rebound in the loaded
+    model's modules)."""
+    return os.environ.get(SWIGLU_SWITCH, "").strip().lower() in _ON_VALUES
+
+
 # MLX's and mlx-lm's own functions, kept before anything is replaced.
 _mlx_lm_swiglu = mlx_lm_activations.swiglu
 _mlx_rope = mx.fast.rope
@@ -68,6 +83,7 @@ class _Scope(threading.local):
 
 _scope = _Scope()
 _module: ModuleType | None = None
+_swiglu_enabled = False  # the last plan's opt-in (MLXSERVE_NATIVE_SWIGLU)
 
 
 @contextlib.contextmanager
@@ -87,6 +103,7 @@ def swiglu(gate: mx.array, x: mx.array) -> mx.array:
     """mlx-lm's ``swiglu``, from the native op inside :func:`native_forward`."""
     if (
         _scope.on
+        and _swiglu_enabled
         and _module is not None
         and gate.dtype == mx.float32
         and x.dtype == mx.float32
@@ -215,9 +232,10 @@ class NativeOpsPlan:
 
 
 def plan_native_ops(model: nn.Module) -> NativeOpsPlan:
-    """Decide, once at load, whether ``model``'s forwards take the native ops: rebind
-    ``swiglu`` in the model's modules, replace ``mx.fast.rope`` and ``mx.fast.rms_norm``,
-    and run one probe forward to see which of them the model's layers reach."""
+    """Decide, once at load, whether ``model``'s forwards take the native ops: replace
+    ``mx.fast.rope`` and ``mx.fast.rms_norm``, with ``MLXSERVE_NATIVE_SWIGLU`` rebind
+    ``swiglu`` in the model's modules, and run one probe forward to see which of them the
+    model's layers reach."""
     if mx.default_device().type != mx.cpu:
         return NativeOpsPlan(False, "MLX's (MLX runs on the GPU)")
     why = _unavailable()
@@ -225,7 +243,12 @@ def plan_native_ops(model: nn.Module) -> NativeOpsPlan:
         return NativeOpsPlan(False, f"MLX's ({why})")
     mx.fast.rope = rope  # idempotent; outside native_forward they are MLX's own
     mx.fast.rms_norm = rms_norm
-    rebind_in_model_modules(model, "swiglu", _mlx_lm_swiglu, swiglu, mlx_lm_activations.__name__)
+    global _swiglu_enabled
+    _swiglu_enabled = swiglu_opted_in()
+    if _swiglu_enabled:
+        rebind_in_model_modules(
+            model, "swiglu", _mlx_lm_swiglu, swiglu, mlx_lm_activations.__name__
+        )
     try:
         served = _probe(model)
     except Exception as e:  # noqa: BLE001 - a model the probe cannot run keeps MLX's path
@@ -247,7 +270,7 @@ def describe() -> str:
     if why is not None:
         return f"MLX's ({why})"
     exact = "bit-identical to" if all(_bit_identical.values()) else "within 1e-5 of"
-    names = ", ".join(_OP_NAMES.values())
+    names = ", ".join(n for op, n in _OP_NAMES.items() if op != "swiglu" or swiglu_opted_in())
     return f"native {names} ({_module.activation_isa()}, {exact} MLX's)"
 
 

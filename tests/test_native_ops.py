@@ -23,16 +23,30 @@ from mlx_lm.models.rope_utils import initialize_rope
 
 from mlxserve.mlx_backend import native_ops
 from mlxserve.mlx_backend.native_ops import native_forward, plan_native_ops
+from tests.conftest import Collector, greedy_reference, submit
 from tests.tiny_models import build_tiny_model
 
 
 @pytest.fixture(scope="module")
 def plan(tiny_llama):
-    plan = plan_native_ops(tiny_llama.model)
+    # The native swiglu is opt-in (it rebinds a name in the model's modules); these tests
+    # opt in. test_default_leaves_swiglu_to_mlx_lm checks the default.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(native_ops.SWIGLU_SWITCH, "on")
+        plan = plan_native_ops(tiny_llama.model)
     if not plan.active:
         pytest.skip(plan.path)
     assert plan.ops == ("swiglu", "rope", "rms_norm"), plan
     return plan
+
+
+@pytest.fixture
+def default_plan(tiny_llama, monkeypatch):
+    monkeypatch.delenv(native_ops.SWIGLU_SWITCH, raising=False)
+    plan = plan_native_ops(tiny_llama.model)
+    yield plan
+    monkeypatch.setenv(native_ops.SWIGLU_SWITCH, "on")
+    plan_native_ops(tiny_llama.model)  # back to the module's opt-in plan
 
 
 def mlx_swiglu(gate: mx.array, x: mx.array) -> mx.array:
@@ -98,6 +112,38 @@ class TestSwiglu:
             native_ops.silu_mul(a.astype(mx.bfloat16), a.astype(mx.bfloat16))
 
 
+class TestDefault:
+    def test_default_leaves_swiglu_to_mlx_lm(self, plan, default_plan):
+        assert default_plan.ops == ("rope", "rms_norm"), default_plan
+        assert "swiglu" not in default_plan.path
+        calls, op = [], native_ops.silu_mul
+        native_ops.silu_mul = lambda g, x: calls.append(1) or op(g, x)
+        try:
+            gate = mx.ones((2, 4))
+            with native_forward():  # even where an opt-in plan rebound it earlier
+                got = llama.swiglu(gate, gate)
+        finally:
+            native_ops.silu_mul = op
+        assert not calls
+        assert mx.array_equal(got, native_ops._mlx_lm_swiglu(gate, gate)).item()
+
+    def test_engine_with_swiglu_opted_in_matches_mlx_lm(
+        self, plan, tiny_llama, make_engine, attention_spy, monkeypatch
+    ):
+        monkeypatch.setenv(native_ops.SWIGLU_SWITCH, "on")
+        prompts = [[5 + i, 9, 13, 2 * i + 1] * (i + 1) for i in range(4)]
+        refs = [greedy_reference(tiny_llama.model, p, 12) for p in prompts]
+        engine = make_engine(tiny_llama, max_total_tokens=256, max_running_requests=4)
+        assert engine.executor.native_ops.ops == ("swiglu", "rope", "rms_norm")
+        col = Collector()
+        for i, p in enumerate(prompts):
+            submit(engine, col, str(i), p, max_tokens=12, temperature=0.0, ignore_eos=True)
+        for i, want in enumerate(refs):
+            col.wait(str(i))
+            assert col.tokens[str(i)] == want, f"request {i}"
+        assert all(attention_spy.elementwise_calls[op] > 0 for op in ("swiglu", "rope"))
+
+
 class TestDispatch:
     def test_rebinds_the_model_modules_name_only(self, plan):
         assert llama.swiglu is native_ops.swiglu
@@ -106,6 +152,7 @@ class TestDispatch:
         )
 
     def test_native_only_inside_the_scope(self, plan, monkeypatch):
+        monkeypatch.setattr(native_ops, "_swiglu_enabled", True)  # as the opt-in plan left it
         calls = []
         op = native_ops.silu_mul
         monkeypatch.setattr(native_ops, "silu_mul", lambda g, x: calls.append(1) or op(g, x))
