@@ -35,10 +35,6 @@ void require(bool ok, const std::string& what) {
 
 }  // namespace
 
-std::string activation_isa() {
-  return MLXSERVE_ISA_NAME;
-}
-
 mx::array silu_mul(const mx::array& gate, const mx::array& x, mx::StreamOrDevice s) {
   require(gate.dtype() == mx::float32 && x.dtype() == mx::float32, "inputs must be float32");
   require(gate.shape() == x.shape(), "gate and x must have the same shape");

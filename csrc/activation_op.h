@@ -15,9 +15,6 @@ namespace mx = mlx::core;
 // silu(gate) * x elementwise: float32 arrays of one shape, on the CPU.
 mx::array silu_mul(const mx::array& gate, const mx::array& x, mx::StreamOrDevice s = {});
 
-// Which activation kernel build this CPU runs ("x86-64-v3", "x86-64-v2", "arm64").
-std::string activation_isa();
-
 class SiluMul : public mx::UnaryPrimitive {
  public:
   explicit SiluMul(mx::Stream stream) : mx::UnaryPrimitive(stream) {}

@@ -208,10 +208,6 @@ int64_t packed_row_words(int64_t dim, int bits, int group_size) {
 
 }  // namespace
 
-std::string kernel_isa() {
-  return MLXSERVE_ISA_NAME;
-}
-
 mx::array ragged_attention(
     const mx::array& queries,
     const mx::array& k_pool,

@@ -36,9 +36,6 @@ mx::array ragged_attention(
     int group_size = 0,
     mx::StreamOrDevice s = {});
 
-// Which kernel build this CPU runs ("x86-64-v3", "x86-64-v2", "arm64").
-std::string kernel_isa();
-
 class RaggedAttention : public mx::UnaryPrimitive {
  public:
   RaggedAttention(

@@ -11,6 +11,7 @@
 
 #include "activation_op.h"
 #include "attention_op.h"
+#include "isa.h"
 #include "norm_op.h"
 #include "rope_op.h"
 #include "mlx/version.h"
@@ -77,15 +78,16 @@ NB_MODULE(_native, m) {
       "stream"_a = nb::none(),
       "mx.fast.rms_norm of float32 [..., D] on the CPU, as MLX's CPU graph computes it; "
       "weight float32 [D] or None.");
-  m.def("activation_isa", &mlxserve::activation_isa,
-        "The instruction set of the activation kernel this CPU runs.");
   m.def(
       "set_threads",
       [](int n) { mlxserve::ThreadPool::instance().set_threads(n); },
       "n"_a,
       "Threads the kernel may use, the calling thread included.");
   m.def("threads", [] { return mlxserve::ThreadPool::instance().threads(); });
-  m.def("kernel_isa", &mlxserve::kernel_isa, "The instruction set of the kernel this CPU runs.");
+  m.def(
+      "kernel_isa",
+      [] { return std::string(MLXSERVE_ISA_NAME); },
+      "The instruction-set build of the kernels this CPU runs (every op's).");
   m.def(
       "built_with_mlx",
       [] {

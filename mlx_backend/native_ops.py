@@ -255,10 +255,7 @@ def plan_native_ops(model: nn.Module) -> NativeOpsPlan:
         return NativeOpsPlan(False, f"MLX's (the probe forward failed: {e!r})")
     if not served:
         return NativeOpsPlan(False, "MLX's (the model calls none of the ops served)")
-    exact = "bit-identical to" if all(_bit_identical[op] for op in served) else "within 1e-5 of"
-    names = ", ".join(_OP_NAMES[op] for op in served)
-    path = f"native {names} ({_module.activation_isa()}, {exact} MLX's)"
-    return NativeOpsPlan(True, path, tuple(served))
+    return NativeOpsPlan(True, _path_line(served), tuple(served))
 
 
 def describe() -> str:
@@ -269,9 +266,14 @@ def describe() -> str:
     why = _unavailable()
     if why is not None:
         return f"MLX's ({why})"
-    exact = "bit-identical to" if all(_bit_identical.values()) else "within 1e-5 of"
-    names = ", ".join(n for op, n in _OP_NAMES.items() if op != "swiglu" or swiglu_opted_in())
-    return f"native {names} ({_module.activation_isa()}, {exact} MLX's)"
+    return _path_line([op for op in _OP_NAMES if op != "swiglu" or swiglu_opted_in()])
+
+
+def _path_line(ops: list[str]) -> str:
+    """ "native <ops> (<ISA>, bit-identical to MLX's)", as their self-tests found them."""
+    exact = "bit-identical to" if all(_bit_identical[op] for op in ops) else "within 1e-5 of"
+    names = ", ".join(_OP_NAMES[op] for op in ops)
+    return f"native {names} ({_module.kernel_isa()}, {exact} MLX's)"
 
 
 def _probe(model: nn.Module) -> list[str]:

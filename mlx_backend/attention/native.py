@@ -89,6 +89,7 @@ def native_status() -> NativeStatus:
 
 
 _extension: tuple[ModuleType | None, str] | None = None
+_extension_lock = threading.Lock()
 
 
 def extension() -> tuple[ModuleType | None, str]:
@@ -99,9 +100,6 @@ def extension() -> tuple[ModuleType | None, str]:
         if _extension is None:
             _extension = _import_extension()
         return _extension
-
-
-_extension_lock = threading.Lock()
 
 
 def _import_extension() -> tuple[ModuleType | None, str]:
