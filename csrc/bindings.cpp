@@ -13,6 +13,7 @@
 #include "attention_op.h"
 #include "isa.h"
 #include "norm_op.h"
+#include "qmm_op.h"
 #include "rope_op.h"
 #include "mlx/version.h"
 #include "thread_pool.h"
@@ -78,6 +79,31 @@ NB_MODULE(_native, m) {
       "stream"_a = nb::none(),
       "mx.fast.rms_norm of float32 [..., D] on the CPU, as MLX's CPU graph computes it; "
       "weight float32 [D] or None.");
+  m.def(
+      "quantized_matmul",
+      &mlxserve::quantized_matmul,
+      "x"_a,
+      "w"_a,
+      "scales"_a,
+      "biases"_a,
+      nb::kw_only(),
+      "group_size"_a,
+      "bits"_a,
+      "stream"_a = nb::none(),
+      "mx.quantized_matmul(x, w, scales, biases, transpose=True) on the CPU: float32 x "
+      "[..., K], uint32 w [N, K * bits / 32] (bits 4 or 8), float32 scales and biases "
+      "[N, K / group_size] (32, 64 or 128). Returns [..., N].");
+  m.def(
+      "dequantize",
+      &mlxserve::dequantize,
+      "w"_a,
+      "scales"_a,
+      "biases"_a,
+      nb::kw_only(),
+      "group_size"_a,
+      "bits"_a,
+      "stream"_a = nb::none(),
+      "mx.dequantize of the same weights on the CPU, float32 [N, K], equal to MLX's.");
   m.def(
       "set_threads",
       [](int n) { mlxserve::ThreadPool::instance().set_threads(n); },
