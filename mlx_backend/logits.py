@@ -95,7 +95,8 @@ class LastTokenLogits:
             if self.head is None:
                 return self.model(inputs, cache=caches, **model_inputs)[rows, positions]
             hidden = self.model.model(inputs, cache=caches, **model_inputs)
-        return self.head(hidden[rows, positions][:, None, :])[:, 0, :]
+            # The head inside the scope too: a quantized head is a native quantized matmul.
+            return self.head(hidden[rows, positions][:, None, :])[:, 0, :]
 
     def hidden_and_logits(
         self,
@@ -125,6 +126,6 @@ class LastTokenLogits:
             raise ValueError("this model's head cannot be split off: embed and generate apart")
         with native_forward(self.native_ops):
             hidden = inner(inputs, cache=caches, **model_inputs)[rows, positions]
-        if not logits:
-            return hidden, None
-        return hidden, self.head(hidden[:, None, :])[:, 0, :]
+            if not logits:
+                return hidden, None
+            return hidden, self.head(hidden[:, None, :])[:, 0, :]

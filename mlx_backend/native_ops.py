@@ -21,6 +21,10 @@ bit-identical to MLX's; each self-test checks that and the plan's line reports i
   ``nn.RMSNorm`` and mlx-lm's own rope and norm classes; the plan replaces the attributes of
   ``mlx.core.fast`` with :func:`rope` and :func:`rms_norm` (once per process).
 
+- ``mx.quantized_matmul`` (``quantized_matmul.py``): for models kept quantized on the CPU
+  (too large as float32), 4- and 8-bit products without MLX's naive kernel; equal to the
+  float32 product up to the order of the sums, not bit-identical.
+
 The replacements serve a call from the native op only inside :func:`native_forward`, the
 scope the executor opens around its own forwards, and only for what the op computes
 (float32, no stream given); every other call, mlx-lm's own generation in the same process
@@ -68,12 +72,18 @@ def swiglu_opted_in() -> bool:
 _mlx_lm_swiglu = mlx_lm_activations.swiglu
 _mlx_rope = mx.fast.rope
 _mlx_rms_norm = mx.fast.rms_norm
+mlx_quantized_matmul = mx.quantized_matmul
 # The self-tests' tolerance, relative to float64 (MLX's own swiglu is within 1.4e-6); the
 # ops are used when within it, and reported bit-identical when they are.
 SELF_TEST_TOLERANCE = 1e-5
 MAX_ROPE_DIMS = 1024  # csrc/rope_kernel.h
 # What each op replaces, for the plan's line.
-_OP_NAMES = {"swiglu": "swiglu", "rope": "mx.fast.rope", "rms_norm": "mx.fast.rms_norm"}
+_OP_NAMES = {
+    "swiglu": "swiglu",
+    "rope": "mx.fast.rope",
+    "rms_norm": "mx.fast.rms_norm",
+    "quantized_matmul": "mx.quantized_matmul",
+}
 
 
 class _Scope(threading.local):
@@ -109,12 +119,18 @@ def swiglu(gate: mx.array, x: mx.array) -> mx.array:
         and x.dtype == mx.float32
         and gate.shape == x.shape
     ):
-        _count("swiglu")
+        count_served("swiglu")
         return silu_mul(gate, x)
     return _mlx_lm_swiglu(gate, x)
 
 
-def _count(op: str) -> None:
+def serving_module() -> ModuleType | None:
+    """The extension, when this thread is inside :func:`native_forward` and the ops serve."""
+    return _module if _scope.on else None
+
+
+def count_served(op: str) -> None:
+    """Count one call the native op served, for the load-time probe."""
     if _scope.served is not None:
         _scope.served[op] = _scope.served.get(op, 0) + 1
 
@@ -145,7 +161,7 @@ def rope(
     if _scope.on and _module is not None and stream is None:
         out = _native_rope(a, dims, **args)
         if out is not None:
-            _count("rope")
+            count_served("rope")
             return out
     return _mlx_rope(a, dims, **args, stream=stream)
 
@@ -205,7 +221,7 @@ def rms_norm(
         and x.shape[-1] > 0
         and (weight is None or (weight.dtype == mx.float32 and weight.shape == x.shape[-1:]))
     ):
-        _count("rms_norm")
+        count_served("rms_norm")
         return rms_norm_op(x, weight, eps)
     return _mlx_rms_norm(x, weight, eps, stream=stream)
 
@@ -241,8 +257,11 @@ def plan_native_ops(model: nn.Module) -> NativeOpsPlan:
     why = _unavailable()
     if why is not None:
         return NativeOpsPlan(False, f"MLX's ({why})")
+    from mlxserve.mlx_backend import quantized_matmul
+
     mx.fast.rope = rope  # idempotent; outside native_forward they are MLX's own
     mx.fast.rms_norm = rms_norm
+    mx.quantized_matmul = quantized_matmul.quantized_matmul
     global _swiglu_enabled
     _swiglu_enabled = swiglu_opted_in()
     if _swiglu_enabled:
@@ -270,10 +289,19 @@ def describe() -> str:
 
 
 def _path_line(ops: list[str]) -> str:
-    """ "native <ops> (<ISA>, bit-identical to MLX's)", as their self-tests found them."""
-    exact = "bit-identical to" if all(_bit_identical[op] for op in ops) else "within 1e-5 of"
-    names = ", ".join(_OP_NAMES[op] for op in ops)
-    return f"native {names} ({_module.kernel_isa()}, {exact} MLX's)"
+    """ "native <ops> (<ISA>, bit-identical to MLX's)", as their self-tests found them; the
+    quantized matmul, which sums in its own order, on a clause of its own."""
+    elementwise = [op for op in ops if op != "quantized_matmul"]
+    exact = (
+        "bit-identical to" if all(_bit_identical[op] for op in elementwise) else "within 1e-5 of"
+    )
+    clauses = []
+    if elementwise:
+        names = ", ".join(_OP_NAMES[op] for op in elementwise)
+        clauses.append(f"{names} ({_module.kernel_isa()}, {exact} MLX's)")
+    if "quantized_matmul" in ops:
+        clauses.append(f"mx.quantized_matmul ({_module.kernel_isa()}, within 1e-5 of float64)")
+    return "native " + "; ".join(clauses)
 
 
 def _probe(model: nn.Module) -> list[str]:
@@ -295,6 +323,11 @@ _checked: str | None = None  # "" once the ops passed their self-tests, else why
 _bit_identical: dict[str, bool] = {}  # per op: its self-test output equals MLX's
 
 
+def unavailable_reason() -> str | None:
+    """Why the native ops cannot serve in this process (checked once), or None."""
+    return _unavailable()
+
+
 def _loaded() -> ModuleType:
     if _module is None:
         raise RuntimeError(f"native ops are not available: {_unavailable()}")
@@ -313,11 +346,14 @@ def _unavailable() -> str | None:
             elif module is None:
                 _checked = why
             else:
+                from mlxserve.mlx_backend import quantized_matmul
+
                 try:
                     error = (
                         _self_test_swiglu(module)
                         or _self_test_rope(module)
                         or _self_test_rms_norm(module)
+                        or quantized_matmul.self_test(module)
                     )
                 except Exception as e:  # noqa: BLE001 - never take the server down for a speed-up
                     error = repr(e)

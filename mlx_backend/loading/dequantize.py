@@ -5,6 +5,10 @@ decodes at ~5-6 tok/s whatever the batch size. Dense float32 weights instead go 
 ``cblas_sgemm``, which with OpenBLAS (see ``cpu/blas.py``) is many times faster and
 scales with the batch. On Metal the quantized kernels are fast, so nothing is done there.
 
+A model whose float32 weights do not fit stays quantized, its half-precision parameters
+(scales, biases, norms) widened to float32: the native ``mx.quantized_matmul``
+(``mlx_backend/quantized_matmul.py``) then serves its products instead of MLX's naive kernel.
+
 ``mlx_lm.utils.dequantize_model`` is not reused: it keeps the scales' dtype (often bfloat16,
 which the CPU computes slowly), leaves biases in their dtype, builds the whole dense graph
 lazily at once and has no memory check.
@@ -37,7 +41,8 @@ class DequantStatus:
         dequantized: quantized layers were replaced by float32 ones.
         layers: how many layers were (or, if not dequantized, would have been) replaced.
         bytes_before: parameter bytes of the model before.
-        bytes_after: parameter bytes after (equal to ``bytes_before`` when nothing changed).
+        bytes_after: parameter bytes after (kept quantized: half-precision parameters may have
+            been widened to float32).
         reason: one human-readable line.
     """
 
@@ -85,14 +90,13 @@ def dequantize_for_cpu(model: nn.Module, budget_bytes: int | None = None) -> Deq
     if budget_bytes is None:
         budget_bytes = default_growth_budget_bytes()
     if growth > budget_bytes:
-        return DequantStatus(
-            False,
-            len(targets),
-            before,
-            before,
+        reason = (
             f"kept quantized: float32 weights need {growth / _MiB:.0f} MiB more, "
-            f"budget {max(budget_bytes, 0) / _MiB:.0f} MiB",
+            f"budget {max(budget_bytes, 0) / _MiB:.0f} MiB"
         )
+        if widen_half_precision(model):
+            reason += "; half-precision scales, biases and norms widened to float32"
+        return DequantStatus(False, len(targets), before, _param_bytes(model), reason)
 
     dequantize_all_layers(model)
     after = _param_bytes(model)
@@ -125,6 +129,23 @@ def dequantize_all_layers(model: nn.Module) -> int:
     model.update(tree_map(_as_float32, model.parameters()))
     mx.eval(model.parameters())
     return len(targets)
+
+
+def widen_half_precision(model: nn.Module) -> int:
+    """Cast the half-precision parameters of a model kept quantized (scales, biases, norms)
+    to float32 on the CPU backend: the CPU computes half precision through float32 anyway,
+    and the native ``mx.quantized_matmul`` takes float32 scales. They are a few percent of
+    the quantized weights (a 4-bit group of 64 has one scale and one bias).
+
+    Returns:
+        The bytes the parameters grew by (0 on a GPU or when nothing was half precision).
+    """
+    if mx.default_device().type != mx.cpu:
+        return 0
+    before = _param_bytes(model)
+    model.update(tree_map(_as_float32, model.parameters()))
+    mx.eval(model.parameters())
+    return _param_bytes(model) - before
 
 
 def default_growth_budget_bytes() -> int:
