@@ -42,13 +42,26 @@ def enable_blas() -> str:
     return f"fast BLAS: {'active' if status.active else 'inactive'}: {status.reason}"
 
 
-def dequantize(model: Any) -> str:
-    """Dequantize ``model`` in place as mlxserve does on the CPU; returns one line."""
+def serving_conversion(loaded: Any) -> str:
+    """Convert a loaded model as ``mlxserve`` serves it (the native quantized matmul's
+    quantized weights, else float32); returns mlxserve's log line. An older checkout without
+    that stage dequantizes."""
+    try:
+        from mlxserve.server.lifecycle.loading import convert_for_backend
+    except ImportError:
+        return dequantize(loaded.model)
+    return convert_for_backend(loaded) or "no conversion"
+
+
+def dequantize(model: Any, budget_bytes: int | None = None) -> str:
+    """Dequantize ``model`` in place to float32 on the CPU as far as ``budget_bytes`` allows
+    (the peers' weights, and mlxserve's before the native quantized matmul); returns one
+    line."""
     if not has_module("loading/dequantize"):
         return "dequantize: mlx_backend/loading/dequantize.py not present (weights kept quantized)"
     from mlxserve.mlx_backend.loading.dequantize import dequantize_for_cpu
 
-    return f"dequantize: {dequantize_for_cpu(model).reason}"
+    return f"dequantize: {dequantize_for_cpu(model, budget_bytes).reason}"
 
 
 def mlx_versions() -> dict[str, str]:

@@ -41,6 +41,7 @@ def run(
     timeout_s: float,
     equal_prompt_tokens: int | None = None,
     long_prompt_tokens: int | None = None,
+    float32_weights: bool = False,
 ) -> dict[str, Any]:
     """Serve ``requests`` prompts through the engine and summarize its forward times
     (corpus prompts, the first one ``long_prompt_tokens`` long if given, or the ceiling's
@@ -57,7 +58,10 @@ def run(
     from mlxserve.server.lifecycle.engines import build_engine
 
     loaded = load_model(model_spec)
-    notes.append(_env.dequantize(loaded.model))
+    if float32_weights:
+        notes.append(_env.dequantize(loaded.model))
+    else:
+        notes.append(f"weights: {_env.serving_conversion(loaded)}")
     config = EngineConfig(max_total_tokens=32768, max_running_requests=requests, overlap="off")
     engine = build_engine(loaded, config)
     engine.start()
@@ -164,6 +168,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="replace the first corpus prompt by this many random token ids",
     )
+    p.add_argument(
+        "--float32-weights",
+        action="store_true",
+        help="dequantize a quantized model to float32 (what mlxserve did before the native "
+        "quantized matmul) instead of converting it as mlxserve serves it",
+    )
     p.add_argument("--json", type=Path, help="write the summary here")
     args = p.parse_args(argv)
     result = run(
@@ -174,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         args.timeout,
         args.equal_prompt_tokens,
         args.long_prompt_tokens,
+        args.float32_weights,
     )
     text = json.dumps(result, indent=2)
     print(text)
