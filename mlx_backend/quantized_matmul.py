@@ -7,7 +7,7 @@ not fit as float32 (a 4-bit 8B model is 32 GB as float32) stays quantized, and M
 op (``csrc/qmm_kernel.cpp``) serves those products instead: every W row is dequantized once
 per call (``scale * q + bias``, exactly as ``mx.dequantize``) and multiplied by every row of
 x at SIMD width, so the weights are read once and never stored as float32. From
-``DENSE_ROWS`` rows of x on (a prefill chunk) one layer's weights are dequantized by the
+``DENSE_ROWS`` rows of x on (a long prefill chunk) one layer's weights are dequantized by the
 native op into a transient float32 matrix and multiplied by OpenBLAS, which is faster there.
 
 Results equal the float32 product with ``mx.dequantize``'s weights up to the order of the
@@ -30,8 +30,9 @@ from mlxserve.mlx_backend import native_ops
 BITS = (4, 8)
 GROUP_SIZES = (32, 64, 128)
 # From this many rows of x on, dequantize to a transient float32 matrix and use sgemm
-# (bench/quantized_matmul.py: the native kernel is ahead below ~32 rows, OpenBLAS from ~64).
-DENSE_ROWS = 64
+# (bench/quantized_matmul.py: the kernel beats float32 weights resident in memory up to ~32
+# rows and the transient copy, whose writing costs as much as a 64-row product, up to ~512).
+DENSE_ROWS = 512
 # The self-test's tolerance, relative to the largest float64 output.
 SELF_TEST_TOLERANCE = 1e-5
 

@@ -63,6 +63,15 @@ class TestOp:
         error = relative_error(got, want)
         assert error <= TOLERANCE, f"relative error {error:.2e} ({rows} x {n})"
 
+    @pytest.mark.parametrize("rows", [qmm.DENSE_ROWS - 1, qmm.DENSE_ROWS])
+    def test_both_paths_of_a_served_product(self, rows):
+        """Below DENSE_ROWS the kernel, from it a transient float32 weight and sgemm."""
+        w, scales, biases, dense = quantized(40, 128, 4, 32)
+        x = np.random.default_rng(rows).standard_normal((rows, 128)).astype(np.float32)
+        got = np.array(qmm.product(EXTENSION, mx.array(x), w, scales, biases, 32, 4))
+        want = x.astype(np.float64) @ dense.astype(np.float64).T
+        assert relative_error(got, want) <= TOLERANCE
+
     def test_an_output_does_not_depend_on_the_other_rows(self):
         """Each row's outputs are the same sums in the same order, one row or 33."""
         w, scales, biases, _ = quantized(50, 512, 4, 64)
