@@ -121,15 +121,20 @@ mx::array dequantize(const mx::array& w, const mx::array& scales, const mx::arra
                    contiguous_inputs({w, scales, biases}, stream));
 }
 
+bool QuantizedWeightPrimitive::is_equivalent(const mx::Primitive& other) const {
+  // MLX compares primitives of one dynamic type only (compile checks typeid first).
+  const auto& o = static_cast<const QuantizedWeightPrimitive&>(other);
+  return group_size_ == o.group_size_ && bits_ == o.bits_;
+}
+
+void QuantizedWeightPrimitive::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error(std::string(name()) + " has no GPU implementation");
+}
+
 std::vector<mx::Shape> QuantizedMatmul::output_shapes(const std::vector<mx::array>& inputs) {
   mx::Shape shape = inputs[0].shape();
   shape.back() = inputs[1].shape(0);
   return {shape};
-}
-
-bool QuantizedMatmul::is_equivalent(const mx::Primitive& other) const {
-  const auto& o = static_cast<const QuantizedMatmul&>(other);
-  return group_size_ == o.group_size_ && bits_ == o.bits_;
 }
 
 void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
@@ -144,17 +149,8 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
   encoder.dispatch([x, rows, w, n, o]() { run_qmm(x, rows, w, n, o); });
 }
 
-void QuantizedMatmul::eval_gpu(const std::vector<mx::array>&, mx::array&) {
-  throw std::runtime_error("quantized_matmul has no GPU implementation");
-}
-
 std::vector<mx::Shape> Dequantize::output_shapes(const std::vector<mx::array>& inputs) {
   return {{inputs[0].shape(0), inputs[0].shape(1) * 32 / bits_}};
-}
-
-bool Dequantize::is_equivalent(const mx::Primitive& other) const {
-  const auto& o = static_cast<const Dequantize&>(other);
-  return group_size_ == o.group_size_ && bits_ == o.bits_;
 }
 
 void Dequantize::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
@@ -165,10 +161,6 @@ void Dequantize::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
   const int64_t n = inputs[0].shape(0);
   float* o = out.data<float>();
   encoder.dispatch([w, n, o]() { run_dequantize(w, n, o); });
-}
-
-void Dequantize::eval_gpu(const std::vector<mx::array>&, mx::array&) {
-  throw std::runtime_error("dequantize has no GPU implementation");
 }
 
 }  // namespace mlxserve

@@ -24,42 +24,40 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
 mx::array dequantize(const mx::array& w, const mx::array& scales, const mx::array& biases,
                      int group_size, int bits, mx::StreamOrDevice s = {});
 
-class QuantizedMatmul : public mx::UnaryPrimitive {
+// What both primitives share: the weights' group size and bits, and no GPU path.
+class QuantizedWeightPrimitive : public mx::UnaryPrimitive {
  public:
-  QuantizedMatmul(mx::Stream stream, int group_size, int bits)
+  QuantizedWeightPrimitive(mx::Stream stream, int group_size, int bits)
       : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits) {}
 
-  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
-
-  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
   bool is_equivalent(const mx::Primitive& other) const override;
-  const char* name() const override {
-    return "QuantizedMatmul";
-  }
 
- private:
+ protected:
   int group_size_;
   int bits_;
 };
 
-class Dequantize : public mx::UnaryPrimitive {
+class QuantizedMatmul : public QuantizedWeightPrimitive {
  public:
-  Dequantize(mx::Stream stream, int group_size, int bits)
-      : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits) {}
+  using QuantizedWeightPrimitive::QuantizedWeightPrimitive;
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
-  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
-
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
-  bool is_equivalent(const mx::Primitive& other) const override;
+  const char* name() const override {
+    return "QuantizedMatmul";
+  }
+};
+
+class Dequantize : public QuantizedWeightPrimitive {
+ public:
+  using QuantizedWeightPrimitive::QuantizedWeightPrimitive;
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
   const char* name() const override {
     return "Dequantize";
   }
-
- private:
-  int group_size_;
-  int bits_;
 };
 
 }  // namespace mlxserve
