@@ -128,6 +128,8 @@ class ForwardBatch:
             the row feeds its last token then ``spec_lens[b]`` proposals, and a token is
             sampled at each of those ``1 + spec_lens[b]`` positions, as the plain decode
             step at that output position would); None: no row has proposals.
+        decode_rows: the leading rows that decode (all of a decode step's; in a packed
+            prefill step, the decoding rows that ride along the prompt chunks).
     """
 
     phase: Literal["prefill", "decode"]
@@ -151,6 +153,7 @@ class ForwardBatch:
     image_embeddings: ImageEmbeddings | None = None
     position_ids: np.ndarray | None = None
     spec_lens: np.ndarray | None = None
+    decode_rows: int = 0
 
     @property
     def batch_size(self) -> int:

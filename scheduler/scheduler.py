@@ -183,7 +183,8 @@ class Scheduler(StepResults):
     def observe_step(self, batch: ForwardBatch, seconds: float) -> None:
         """Record how long ``batch``'s forward took (it sizes later prefill steps)."""
         forwards = max(1, len(batch.row_groups))
-        self.budget.observe(batch.phase, batch.num_tokens, forwards, seconds)
+        decode_tokens = int(batch.extend_lens[: batch.decode_rows].sum())
+        self.budget.observe(batch.phase, batch.num_tokens, forwards, seconds, decode_tokens)
         if self.speculator is not None and batch.phase == "decode":
             self.speculator.cost.observe(batch.num_tokens, seconds)
 
@@ -352,6 +353,7 @@ class Scheduler(StepResults):
             sampling=sampling,
             state_copies_in=self.cache.take_copies_in(),
             state_snapshots=np.array(snapshots, np.int32).reshape(-1, 2),
+            decode_rows=len(rows) if phase == "decode" else self._decode_in_flight,
         )
 
     # ----------------------------------------------------------------- slots

@@ -11,11 +11,21 @@ chunks made the inter-token latency p99 at concurrency 32 seven times its p50 (1
 
 The cost model is the row groups' (``row_groups.py``): a forward costs its tokens plus a
 fixed ``FORWARD_OVERHEAD_TOKENS``. When the backend packs rows (``MemoryPlan.packed``), the
-decode rows and the chunks share one forward, so the budget is counted in tokens alone:
-``D`` decode rows cost ``D + overhead`` and the chunks may add ``PREFILL_STEP_RATIO`` times
-that. Otherwise the prefill step is a forward of its own, timed against the decode step:
-both times are measured (moving averages, so the budget follows the machine's load). Without
-decoding requests a prefill step takes the full ``max_prefill_tokens``.
+decode rows and the chunks share one forward: the step is a decode step plus its prompt
+tokens, so the chunks may take ``PREFILL_STEP_RATIO`` decode steps' time at the measured
+cost of a prompt token in a packed step (its time less a decode step's, per prompt token).
+A decode step of ``D`` rows is taken to cost ``D + FORWARD_OVERHEAD_TOKENS`` units of a
+measured unit time (within 40% from batch 1 to 32 on the CPU), so that a burst of packed
+steps, where no decode step of that size is ever timed, is not measured against the batch-1
+decode steps of the request before it.
+Counting a prompt token as one more decode row, as this did before it was timed, made the
+packed steps 3x a decode step on the CPU (a decode row reads weights that are read anyway;
+a prompt token also pays its activations and its causal attention), and the inter-token
+latency p99 at concurrency 32 3.05x its p50. Until both are measured, the packed budget is
+counted in tokens (``D`` decode rows cost ``D + overhead``). Otherwise the prefill step is
+a forward of its own, timed against the decode step. Times are moving averages, so the
+budget follows the machine's load. Without decoding requests a prefill step takes the full
+``max_prefill_tokens``.
 """
 
 from __future__ import annotations
@@ -41,13 +51,28 @@ class StepBudget:
         self.max_prefill_tokens = max_prefill_tokens
         self.decode_s: float | None = None  # seconds of a decode step
         self.token_s: float | None = None  # seconds of a prefill token (overhead included)
+        self.decode_unit_s: float | None = None  # a decode step / (its rows + overhead)
+        self.packed_token_s: float | None = None  # a prompt token's share of a packed step
 
-    def observe(self, phase: str, tokens: int, forwards: int, seconds: float) -> None:
-        """Record one step: ``tokens`` fed in ``forwards`` forwards took ``seconds``."""
+    def observe(
+        self, phase: str, tokens: int, forwards: int, seconds: float, decode_tokens: int = 0
+    ) -> None:
+        """Record one step: ``tokens`` fed in ``forwards`` forwards took ``seconds``, of
+        which ``decode_tokens`` were decode rows packed beside the prompt chunks."""
         if seconds <= 0:
             return
         if phase == "decode":
             self.decode_s = _average(self.decode_s, seconds)
+            unit = seconds / (tokens + FORWARD_OVERHEAD_TOKENS)
+            self.decode_unit_s = _average(self.decode_unit_s, unit)
+        elif decode_tokens and tokens > decode_tokens:
+            if self.decode_unit_s is None:
+                return
+            # The step less a decode step; at least a tenth of the step, so that noise (a
+            # decode step measured under load) never makes prompt tokens look free.
+            decode_s = self.decode_unit_s * (decode_tokens + FORWARD_OVERHEAD_TOKENS)
+            extra = max(seconds - decode_s, 0.1 * seconds)
+            self.packed_token_s = _average(self.packed_token_s, extra / (tokens - decode_tokens))
         else:
             per_token = seconds / (tokens + FORWARD_OVERHEAD_TOKENS * max(1, forwards))
             self.token_s = _average(self.token_s, per_token)
@@ -57,7 +82,10 @@ class StepBudget:
         (beside them in the same forward when ``packed``)."""
         if decode_rows == 0:
             return self.max_prefill_tokens
-        if packed:
+        if packed and self.decode_unit_s is not None and self.packed_token_s is not None:
+            decode_s = self.decode_unit_s * (decode_rows + FORWARD_OVERHEAD_TOKENS)
+            fits = int(PREFILL_STEP_RATIO * decode_s / self.packed_token_s)
+        elif packed:
             fits = int(PREFILL_STEP_RATIO * (decode_rows + FORWARD_OVERHEAD_TOKENS))
         elif self.decode_s is None or self.token_s is None:
             return self.max_prefill_tokens

@@ -44,13 +44,55 @@ class TestStepBudget:
         small.observe("prefill", 10, 1, 10.0)
         assert small.prefill_tokens(1) == 8, "never above max_prefill_tokens"
 
-    def test_packed_budget_counts_tokens(self):
-        """Decode rows and chunks share the forward: D rows allow RATIO x (D + overhead)
-        prompt tokens, no timing needed."""
+    def test_packed_budget_counts_tokens_until_timed(self):
+        """Decode rows and chunks share the forward: before a decode step and a packed step
+        are measured, D rows allow RATIO x (D + overhead) prompt tokens."""
         budget = StepBudget(2048)
         for rows in (1, 8, 32):
             want = max(MIN_CHUNK_TOKENS, int(PREFILL_STEP_RATIO * (rows + FORWARD_OVERHEAD_TOKENS)))
             assert budget.prefill_tokens(rows, packed=True) == want
+        budget.observe("decode", 32, 1, 0.2)
+        assert budget.prefill_tokens(32, packed=True) == want, "no packed step measured yet"
+        budget.observe("prefill", 132, 1, 0.6, decode_tokens=32)
+        assert budget.packed_token_s is not None
+
+    def test_packed_step_is_timed_against_a_decode_step(self):
+        """A packed step costs a decode step plus its prompt tokens' measured share: the
+        chunks take at most RATIO decode steps' time, however a prompt token compares with
+        a decode row."""
+        budget = StepBudget(2048)
+        decode_s, token_s = 0.125, 0.0025
+        budget.observe("decode", 32, 1, decode_s)
+        budget.observe("prefill", 32 + 100, 1, decode_s + 100 * token_s, decode_tokens=32)
+        assert abs(budget.packed_token_s - token_s) < 1e-12
+        tokens = budget.prefill_tokens(32, packed=True)
+        assert abs(tokens - PREFILL_STEP_RATIO * decode_s / token_s) <= 1
+        step_s = decode_s + tokens * token_s
+        assert step_s <= (1 + PREFILL_STEP_RATIO) * decode_s + 1e-9, (tokens, step_s)
+
+    def test_packed_decode_cost_scales_with_its_rows(self):
+        """Timed at batch 1 (the request before a burst), a decode step of D rows is taken
+        to cost D + overhead units: a burst's 24 decode rows are not held to the batch-1
+        step's time (which would leave every chunk at the minimum)."""
+        budget = StepBudget(2048)
+        unit, token_s = 0.003, 0.005
+        budget.observe("decode", 1, 1, unit * (1 + FORWARD_OVERHEAD_TOKENS))
+        decode_24 = unit * (24 + FORWARD_OVERHEAD_TOKENS)
+        budget.observe("prefill", 24 + 60, 1, decode_24 + 60 * token_s, decode_tokens=24)
+        assert abs(budget.packed_token_s - token_s) < 1e-9
+        tokens = budget.prefill_tokens(24, packed=True)
+        assert abs(tokens - PREFILL_STEP_RATIO * decode_24 / token_s) <= 1, tokens
+        batch_1 = unit * (1 + FORWARD_OVERHEAD_TOKENS)
+        assert tokens > 2 * PREFILL_STEP_RATIO * batch_1 / token_s, "held to batch 1's step"
+
+    def test_packed_noise_never_makes_prompt_tokens_free(self):
+        """A packed step measured faster than the decode average (load moved) still charges
+        its prompt tokens a tenth of the step: the budget stays bounded."""
+        budget = StepBudget(4096)
+        budget.observe("decode", 32, 1, 0.5)
+        budget.observe("prefill", 32 + 64, 1, 0.3, decode_tokens=32)
+        assert budget.packed_token_s == 0.1 * 0.3 / 64
+        assert MIN_CHUNK_TOKENS <= budget.prefill_tokens(32, packed=True) <= 4096
 
     def test_moving_average_follows_the_load(self):
         budget = StepBudget(4096)
