@@ -34,6 +34,9 @@ Q_HEADS, KV_HEADS, DIM, LAYERS = 9, 3, 64, 30
 CASES = [
     ("decode B=32, contexts 56..330", [56 + (330 - 56) * i // 31 for i in range(32)], 1),
     ("decode B=32, 31 x 150 + 1 x 2,000", [150] * 31 + [2000], 1),
+    ("decode B=31, 31 x 150", [150] * 31, 1),
+    ("decode B=32, 31 x 150 + 1 x 8,000", [150] * 31 + [8000], 1),
+    ("decode B=1, 8,000", [8000], 1),
     ("decode B=1, 2,000", [2000], 1),
     ("prefill B=1, L=512 after 1,500 cached", [2012], 512),
 ]

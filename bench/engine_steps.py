@@ -42,10 +42,13 @@ def run(
     equal_prompt_tokens: int | None = None,
     long_prompt_tokens: int | None = None,
     float32_weights: bool = False,
+    long_steps: int | None = None,
 ) -> dict[str, Any]:
     """Serve ``requests`` prompts through the engine and summarize its forward times
     (corpus prompts, the first one ``long_prompt_tokens`` long if given, or the ceiling's
-    ``equal_prompt_tokens``-token ones)."""
+    ``equal_prompt_tokens``-token ones). With ``long_steps``, the long request is aborted
+    after that many full-batch decode steps and the others (``ignore_eos``) go on without
+    it: both step times come from one run, minutes apart, not from two runs."""
     notes = [_env.enable_blas()]
     import numpy as np
 
@@ -72,6 +75,10 @@ def run(
     def timed_forward(batch: Any) -> Any:
         start = time.perf_counter()
         out = forward(batch)
+        if long_steps and batch.phase == "decode" and batch.batch_size == requests:
+            full_steps[0] += 1
+            if full_steps[0] == long_steps:
+                engine.abort("r0")
         groups = list(batch.row_groups) or [np.arange(batch.batch_size)]
         computed = padded_area(batch.extend_lens, groups)
         if batch.phase == "prefill" and getattr(engine.executor, "packs_prefill", False):
@@ -88,6 +95,7 @@ def run(
         )
         return out
 
+    full_steps = [0]
     engine.executor.forward = timed_forward
     done = threading.Event()
     left = [requests]
@@ -100,7 +108,11 @@ def run(
                 if left[0] == 0:
                     done.set()
 
-    if equal_prompt_tokens:
+    if long_steps:  # the chats must outlive the long request
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        prompts = [chat_ids(loaded.tokenizer, p) for p in make_prompts(seed, requests)]
+        prompts[0] = ceiling_prompt_ids(1, long_prompt_tokens or 8000, engine.vocab_size)[0]
+    elif equal_prompt_tokens:
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
         prompts = ceiling_prompt_ids(requests, equal_prompt_tokens, engine.vocab_size)
     else:
@@ -119,6 +131,10 @@ def run(
     prefill = [s for s in steps if s[0] == "prefill"]
     full = [s[5] for s in steps if s[0] == "decode" and s[1] == requests]
     median = statistics.median(full) if full else None
+    # Steps of the others alone after the long request left (the last full step before it)
+    after = [i for i, s in enumerate(steps) if s[0] == "decode" and s[1] == requests]
+    tail = steps[after[-1] + 1 :] if after else []
+    alone = [s[5] for s in tail if s[0] == "decode" and s[1] == requests - 1]
     return {
         "notes": notes,
         "finished": finished,
@@ -137,6 +153,17 @@ def run(
         "full_batch_decode_steps": len(full),
         "full_batch_step_ms": None if median is None else median * 1e3,
         "full_batch_decode_tok_s": None if median is None else requests / median,
+        **(_without_long(alone, median) if long_steps else {}),
+    }
+
+
+def _without_long(alone: list[float], median: float | None) -> dict[str, Any]:
+    """The steps of the other rows once the long request left, and the ratio to them."""
+    base = statistics.median(alone) if alone else None
+    return {
+        "without_long_steps": len(alone),
+        "without_long_step_ms": None if base is None else base * 1e3,
+        "with_long_over_without": None if base is None or median is None else median / base,
     }
 
 
@@ -174,6 +201,14 @@ def main(argv: list[str] | None = None) -> int:
         help="dequantize a quantized model to float32 (what mlxserve did before the native "
         "quantized matmul) instead of converting it as mlxserve serves it",
     )
+    p.add_argument(
+        "--long-steps",
+        type=int,
+        default=None,
+        help="with --long-prompt-tokens: abort the long request after this many full-batch "
+        "decode steps and time the others' steps without it in the same run (every request "
+        "ignores EOS; --max-tokens must outlast the long prompt's prefill)",
+    )
     p.add_argument("--json", type=Path, help="write the summary here")
     args = p.parse_args(argv)
     result = run(
@@ -185,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         args.equal_prompt_tokens,
         args.long_prompt_tokens,
         args.float32_weights,
+        args.long_steps,
     )
     text = json.dumps(result, indent=2)
     print(text)
