@@ -18,12 +18,13 @@ A decode step of ``D`` rows is taken to cost ``D + FORWARD_OVERHEAD_TOKENS`` uni
 measured unit time (within 40% from batch 1 to 32 on the CPU), so that a burst of packed
 steps, where no decode step of that size is ever timed, is not measured against the batch-1
 decode steps of the request before it.
+
 Counting a prompt token as one more decode row, as this did before it was timed, made the
 packed steps 3x a decode step on the CPU (a decode row reads weights that are read anyway;
 a prompt token also pays its activations and its causal attention), and the inter-token
 latency p99 at concurrency 32 3.05x its p50. Until both are measured, the packed budget is
-counted in tokens (``D`` decode rows cost ``D + overhead``). Otherwise the prefill step is
-a forward of its own, timed against the decode step. Times are moving averages, so the
+counted in tokens (``D`` decode rows cost ``D + overhead``). Without packing, the prefill
+step is a forward of its own, timed against the decode step. Times are moving averages, so the
 budget follows the machine's load. Without decoding requests a prefill step takes the full
 ``max_prefill_tokens``.
 """
