@@ -108,15 +108,12 @@ def run(
                 if left[0] == 0:
                     done.set()
 
-    if long_steps:  # the chats must outlive the long request
-        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-        prompts = [chat_ids(loaded.tokenizer, p) for p in make_prompts(seed, requests)]
-        prompts[0] = ceiling_prompt_ids(1, long_prompt_tokens or 8000, engine.vocab_size)[0]
-    elif equal_prompt_tokens:
+    if equal_prompt_tokens:
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
         prompts = ceiling_prompt_ids(requests, equal_prompt_tokens, engine.vocab_size)
     else:
-        params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+        # With long_steps the chats must outlive the long request: none stops at EOS.
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=bool(long_steps))
         prompts = [chat_ids(loaded.tokenizer, p) for p in make_prompts(seed, requests)]
         if long_prompt_tokens:
             prompts[0] = ceiling_prompt_ids(1, long_prompt_tokens, engine.vocab_size)[0]
@@ -129,11 +126,11 @@ def run(
         engine.shutdown()
     wall = time.perf_counter() - start
     prefill = [s for s in steps if s[0] == "prefill"]
-    full = [s[5] for s in steps if s[0] == "decode" and s[1] == requests]
+    full_at = [i for i, s in enumerate(steps) if s[0] == "decode" and s[1] == requests]
+    full = [steps[i][5] for i in full_at]
     median = statistics.median(full) if full else None
-    # Steps of the others alone after the long request left (the last full step before it)
-    after = [i for i, s in enumerate(steps) if s[0] == "decode" and s[1] == requests]
-    tail = steps[after[-1] + 1 :] if after else []
+    # Steps of the others alone after the long request left (after the last full step)
+    tail = steps[full_at[-1] + 1 :] if full_at else []
     alone = [s[5] for s in tail if s[0] == "decode" and s[1] == requests - 1]
     return {
         "notes": notes,
@@ -211,6 +208,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--json", type=Path, help="write the summary here")
     args = p.parse_args(argv)
+    if args.long_steps and not args.long_prompt_tokens:
+        p.error("--long-steps needs --long-prompt-tokens (the request it aborts)")
+    if args.long_steps and args.equal_prompt_tokens:
+        p.error("--long-steps runs the corpus prompts, not --equal-prompt-tokens")
     result = run(
         args.model,
         args.requests,
