@@ -103,6 +103,52 @@ inline float sum8(v8f a) {
   return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
 }
 
+#if defined(__AVX2__)
+// sum8 of n <= 8 accumulators at once: for each, lo + hi halves give t_j = a_j + a_(j+4),
+// then (t0 + t2) and (t1 + t3), then their sum: sum8's additions in sum8's order (only
+// the operands of an addition commute), so the sums are bit-identical to sum8's.
+inline void sum8_many(const v8f* acc, int n, float* sums) {
+  __m256 a[8];
+  for (int i = 0; i < 8; ++i) {
+    a[i] = i < n ? reinterpret_cast<const __m256&>(acc[i]) : _mm256_setzero_ps();
+  }
+  __m256 t[4];
+  for (int p = 0; p < 4; ++p) {
+    const __m256 halves = _mm256_add_ps(_mm256_permute2f128_ps(a[2 * p], a[2 * p + 1], 0x20),
+                                        _mm256_permute2f128_ps(a[2 * p], a[2 * p + 1], 0x31));
+    t[p] = _mm256_permute_ps(halves, _MM_SHUFFLE(3, 1, 2, 0));  // t0, t2, t1, t3 per half
+  }
+  const __m256 pairs = _mm256_hadd_ps(_mm256_hadd_ps(t[0], t[1]), _mm256_hadd_ps(t[2], t[3]));
+  // pairs holds the sums of accumulators 0, 2, 4, 6 | 1, 3, 5, 7.
+  _mm256_storeu_ps(sums,
+                   _mm256_permutevar8x32_ps(pairs, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+#endif
+
+// out[i * ld_out + r] = sum8(acc[i][r]); eight at a time where AVX2 has the shuffles
+// (one scalar sum8 is ~20 dependent instructions, a tenth of a 576-long block's time).
+template <int X, int R>
+inline void store_sums(const v8f (&acc)[X][R], float* __restrict out, int64_t ld_out) {
+#if defined(__AVX2__)
+  float sums[X * R + 8];
+  const v8f* flat = &acc[0][0];
+  for (int c = 0; c < X * R; c += 8) {
+    sum8_many(flat + c, X * R - c < 8 ? X * R - c : 8, sums + c);
+  }
+  for (int i = 0; i < X; ++i) {
+    for (int r = 0; r < R; ++r) {
+      out[i * ld_out + r] = sums[i * R + r];
+    }
+  }
+#else
+  for (int i = 0; i < X; ++i) {
+    for (int r = 0; r < R; ++r) {
+      out[i * ld_out + r] = sum8(acc[i][r]);
+    }
+  }
+#endif
+}
+
 // out[i, r] for i < X, r < R: x rows (stride k) times the R dequantized rows of wd.
 template <int X, int R>
 void block(const float* __restrict x, const float* __restrict wd, int64_t k,
@@ -120,11 +166,7 @@ void block(const float* __restrict x, const float* __restrict wd, int64_t k,
       }
     }
   }
-  for (int i = 0; i < X; ++i) {
-    for (int r = 0; r < R; ++r) {
-      out[i * ld_out + r] = sum8(acc[i][r]);
-    }
-  }
+  store_sums<X, R>(acc, out, ld_out);
 }
 
 // The same sums as block<X, R>, dequantizing W rows n .. n + R in registers.
@@ -156,11 +198,7 @@ void fused_block(const float* __restrict x, const QuantizedWeight& w, int64_t n,
       }
     }
   }
-  for (int i = 0; i < X; ++i) {
-    for (int r = 0; r < R; ++r) {
-      out[i * ld_out + r] = sum8(acc[i][r]);
-    }
-  }
+  store_sums<X, R>(acc, out, ld_out);
 }
 
 template <int R>

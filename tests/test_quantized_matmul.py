@@ -6,6 +6,7 @@ quantized weights against mlx-lm's generation on the same weights dequantized.""
 from __future__ import annotations
 
 import copy
+from fractions import Fraction
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -36,6 +37,36 @@ def quantized(n: int, k: int, bits: int, group_size: int, seed: int = 0):
 
 def relative_error(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-30))
+
+
+def float32_nearest(value: Fraction) -> np.float32:
+    """``value`` rounded to the nearest float32, ties to even (one rounding, exactly)."""
+    guess = np.float32(float(value))
+    candidates = [
+        np.nextafter(guess, np.float32(-np.inf)),
+        guess,
+        np.nextafter(guess, np.float32(np.inf)),
+    ]
+    return min(
+        candidates,
+        key=lambda c: (abs(Fraction(float(c)) - value), int(c.view(np.uint32)) & 1),
+    )
+
+
+def kernel_order_sum(x: np.ndarray, w: np.ndarray, fused: bool) -> np.float32:
+    """The kernel's sum of x * w in float32 (csrc/qmm_kernel.cpp): lane l adds the terms
+    l, l + 8, ... one after another, then the lanes are added in sum8's order."""
+    lanes = []
+    for lane in range(8):
+        acc = np.float32(0)
+        for xv, wv in zip(x[lane::8], w[lane::8], strict=True):
+            term = Fraction(float(xv)) * Fraction(float(wv))
+            if not fused:
+                term = Fraction(float(float32_nearest(term)))
+            acc = float32_nearest(Fraction(float(acc)) + term)
+        lanes.append(acc)
+    a = lanes
+    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
 
 
 class TestOp:
@@ -81,6 +112,25 @@ class TestOp:
         for i in (0, 4, 32):
             alone = np.array(EXTENSION.quantized_matmul(x[i : i + 1], w, scales, biases, **args))
             assert np.array_equal(batch[i], alone[0]), f"row {i} differs alone"
+
+    @pytest.mark.parametrize("rows", [1, 9])
+    def test_sums_in_the_kernel_order_bit_for_bit(self, rows):
+        """Each output is the kernel's documented sum, exactly: eight lane sums along K (a
+        fused multiply-add per term where the build has FMA), then ((a0 + a4) + (a2 + a6)) +
+        ((a1 + a5) + (a3 + a7)); weights dequantized in registers (1 row) or from scratch with
+        eight sums reduced at once (9 rows: blocks of 4 x 3 outputs)."""
+        k, n = 64, 7
+        w, scales, biases, dense = quantized(n, k, 4, 32, seed=rows)
+        x = np.random.default_rng(rows).standard_normal((rows, k)).astype(np.float32)
+        got = np.array(
+            EXTENSION.quantized_matmul(mx.array(x), w, scales, biases, group_size=32, bits=4)
+        )
+        fused = EXTENSION.kernel_isa() != "x86-64-v2"  # the baseline x86 build has no FMA
+        want = np.array(
+            [[kernel_order_sum(x[i], dense[j], fused) for j in range(n)] for i in range(rows)],
+            dtype=np.float32,
+        )
+        assert np.array_equal(got, want)
 
     def test_leading_dimensions_and_a_transposed_input(self):
         w, scales, biases, dense = quantized(24, 128, 8, 32)
