@@ -8,11 +8,13 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/variant.h>
+#include <nanobind/stl/vector.h>
 
 #include "activation_op.h"
 #include "attention_op.h"
 #include "isa.h"
 #include "norm_op.h"
+#include "pool_op.h"
 #include "qmm_op.h"
 #include "rope_op.h"
 #include "mlx/version.h"
@@ -79,6 +81,17 @@ NB_MODULE(_native, m) {
       "stream"_a = nb::none(),
       "mx.fast.rms_norm of float32 [..., D] on the CPU, as MLX's CPU graph computes it; "
       "weight float32 [D] or None.");
+  m.def(
+      "pool_zeros",
+      [](const std::vector<int>& shape, mlx::core::Dtype dtype, mlx::core::StreamOrDevice s) {
+        return mlxserve::pool_zeros(mlx::core::Shape(shape.begin(), shape.end()), dtype, s);
+      },
+      "shape"_a,
+      "dtype"_a,
+      nb::kw_only(),
+      "stream"_a = nb::none(),
+      "mx.zeros(shape, dtype) on the CPU for a KV pool: the zeros written from the thread "
+      "pool, on transparent huge pages where the kernel offers them.");
   m.def(
       "quantized_matmul",
       &mlxserve::quantized_matmul,

@@ -1,5 +1,6 @@
 """The flat head-major K/V pools: what a scatter writes is what a gather of the same slots
-reads back, per head, for caches of different head counts and slot spaces."""
+reads back, per head, for caches of different head counts and slot spaces; the native
+allocation of the CPU pools gives mx.zeros."""
 
 from __future__ import annotations
 
@@ -7,9 +8,13 @@ from types import SimpleNamespace
 
 import mlx.core as mx
 import numpy as np
+import pytest
 
+from mlxserve.mlx_backend.attention import native
 from mlxserve.mlx_backend.kv.kv_pool import FlatRows, KVPool
 from mlxserve.mlx_backend.kv.layer_layout import KVShape
+
+EXTENSION, WHY = native.extension()
 
 
 def _layout(*caches: tuple[str, int, int, int]) -> SimpleNamespace:
@@ -56,3 +61,35 @@ def test_read_returns_what_write_stored_per_head_and_slot():
         assert got_k.shape == (2, heads, 3, k_dim)
         np.testing.assert_array_equal(np.array(got_k), expect_k[:, read].swapaxes(0, 1))
         np.testing.assert_array_equal(np.array(got_v), expect_v[:, read].swapaxes(0, 1))
+
+
+@pytest.mark.skipif(EXTENSION is None, reason=f"native extension: {WHY}")
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16, mx.uint32])
+@pytest.mark.parametrize("shape", [(0, 64), (3, 5), (3 * 40_001, 64)])
+def test_native_pool_zeros_are_mx_zeros(dtype, shape):
+    """The native pool allocation (huge-page advice, zeros written over the thread pool)
+    gives what mx.zeros gives, small or spanning many 2 MiB pages, and takes writes."""
+    pool = EXTENSION.pool_zeros(list(shape), dtype)
+    want = mx.zeros(shape, dtype)
+    assert pool.shape == want.shape and pool.dtype == dtype
+    assert mx.array_equal(pool, want).item()
+    if shape[0] > 3:
+        ones = mx.ones((3, shape[1]), dtype)
+        pool[mx.array([1, shape[0] // 2, shape[0] - 1])] = ones
+        assert mx.sum(pool.astype(mx.float32)).item() == 3 * shape[1]
+
+
+def test_the_cpu_pools_come_from_the_native_allocation(monkeypatch):
+    if EXTENSION is None:
+        pytest.skip(f"native extension: {WHY}")
+    calls = []
+    original = EXTENSION.pool_zeros
+
+    def counting(shape, dtype):
+        calls.append((tuple(shape), dtype))
+        return original(shape, dtype)
+
+    monkeypatch.setattr(EXTENSION, "pool_zeros", counting)
+    pool = KVPool(_layout(("full", 2, 8, 4)), full_tokens=10, sliding_tokens=0)
+    assert calls == [((22, 8), mx.float32), ((22, 4), mx.float32)]
+    assert not mx.any(pool.k[0]).item() and not mx.any(pool.v[0]).item()

@@ -26,8 +26,21 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from mlxserve.mlx_backend.attention import native
 from mlxserve.mlx_backend.kv.layer_layout import LayerLayout
 from mlxserve.mlx_backend.kv.quantization import KVQuantization, PackedRows
+
+
+def pool_zeros(shape: tuple[int, ...], dtype: mx.Dtype) -> mx.array:
+    """``mx.zeros(shape, dtype)`` for a pool: on the CPU from the native op when it is built
+    (the zeros written from the kernel thread pool onto transparent huge pages; ``mx.zeros``
+    faults a pool in 4 KiB page by page: the default plan's 5.8 GB of SmolLM2 pools took
+    12-17 s of start-up, 4 s this way), else MLX's."""
+    if mx.default_device() == mx.cpu:
+        module, _ = native.extension()
+        if module is not None:
+            return module.pool_zeros(list(shape), dtype)
+    return mx.zeros(shape, dtype)
 
 
 class FlatRows:
@@ -82,14 +95,14 @@ class KVPool:
             self.shapes.append((heads, size))
             if quantization is None:
                 self.formats.append((None, None))
-                self.k.append(mx.zeros((heads * size, kv.k_head_dim), kv.dtype))
-                self.v.append(mx.zeros((heads * size, kv.v_head_dim), kv.dtype))
+                self.k.append(pool_zeros((heads * size, kv.k_head_dim), kv.dtype))
+                self.v.append(pool_zeros((heads * size, kv.v_head_dim), kv.dtype))
             else:
                 k_rows = quantization.rows(kv.k_head_dim, kv.dtype)
                 v_rows = quantization.rows(kv.v_head_dim, kv.dtype)
                 self.formats.append((k_rows, v_rows))
-                self.k.append(mx.zeros((heads * size, k_rows.words), mx.uint32))
-                self.v.append(mx.zeros((heads * size, v_rows.words), mx.uint32))
+                self.k.append(pool_zeros((heads * size, k_rows.words), mx.uint32))
+                self.v.append(pool_zeros((heads * size, v_rows.words), mx.uint32))
         mx.eval(self.k, self.v)
 
     def write(self, index: int, slots: FlatRows, keys: mx.array, values: mx.array) -> None:
