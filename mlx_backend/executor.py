@@ -173,7 +173,7 @@ class MLXExecutor:
         self.sampler = Sampler(self.seed)
         self.native_ops = plan_native_ops(self.model)
         self.logits = LastTokenLogits(self.model, self.native_ops.active)
-        self._vocab_size = vocab_size(self.model)
+        self._vocab_size = vocab_size(self.model, self.native_ops.active)
         if self.attention is None:
             self.attention = plan_attention(self.model, layout)
         self.blas_threads = cpu_thread_policy()

@@ -30,29 +30,39 @@ def _candidate_heads(model: nn.Module) -> list[Callable[[mx.array], mx.array]]:
     return heads
 
 
-def vocab_size(model: nn.Module) -> int:
-    """The width of the model's logits (may exceed the tokenizer's vocabulary)."""
-    return int(model(mx.array([[0]], dtype=mx.int32)).shape[-1])
+def vocab_size(model: nn.Module, native_ops: bool = False) -> int:
+    """The width of the model's logits (may exceed the tokenizer's vocabulary); the probe
+    forward takes the native ops when the model's forwards do."""
+    with native_forward(native_ops):
+        return int(model(mx.array([[0]], dtype=mx.int32)).shape[-1])
 
 
-def find_verified_head(model: nn.Module) -> Callable[[mx.array], mx.array] | None:
-    """The head ``h -> logits`` with ``head(model.model(x)) == model(x)``, or ``None``."""
+def find_verified_head(
+    model: nn.Module, native_ops: bool = False
+) -> Callable[[mx.array], mx.array] | None:
+    """The head ``h -> logits`` with ``head(model.model(x)) == model(x)``, or ``None``.
+
+    Both sides run in the scope the model's forwards run in (``native_ops``): the question
+    is whether the split reproduces the model's own logits, the same ops on both sides, and
+    outside the scope a kept-quantized model's probe forwards take MLX's naive CPU
+    quantized matmul (1.5 s of start-up for SmolLM2)."""
     inner = model.get("model") if isinstance(model, nn.Module) else None
     if inner is None:
         return None
     probe = mx.array([[1, 2, 3, 4]], dtype=mx.int32)
-    try:
-        want = model(probe)
-        hidden = inner(probe)
-    except Exception:  # noqa: BLE001 - any signature mismatch means "use the full path"
-        return None
-    for head in _candidate_heads(model):
+    with native_forward(native_ops):
         try:
-            got = head(hidden)
-        except Exception:  # noqa: BLE001
-            continue
-        if got.shape == want.shape and mx.allclose(got, want, atol=1e-4, rtol=1e-4).item():
-            return head
+            want = model(probe)
+            hidden = inner(probe)
+        except Exception:  # noqa: BLE001 - any signature mismatch means "use the full path"
+            return None
+        for head in _candidate_heads(model):
+            try:
+                got = head(hidden)
+            except Exception:  # noqa: BLE001
+                continue
+            if got.shape == want.shape and mx.allclose(got, want, atol=1e-4, rtol=1e-4).item():
+                return head
     logger.info("logits: no verified head split; projecting every position")
     return None
 
@@ -68,7 +78,7 @@ class LastTokenLogits:
 
     def __init__(self, model: nn.Module, native_ops: bool = False) -> None:
         self.model = model
-        self.head = find_verified_head(model)
+        self.head = find_verified_head(model, native_ops)
         self.native_ops = native_ops
 
     def __call__(self, inputs: mx.array, caches: list, last_pos: mx.array) -> mx.array:

@@ -19,6 +19,7 @@ from mlxserve.mlx_backend.attention import native
 from mlxserve.mlx_backend.loading.dequantize import dequantize_all_layers
 from mlxserve.mlx_backend.loading.loaded_model import LoadedModel
 from mlxserve.mlx_backend.loading.loader import load_model
+from mlxserve.mlx_backend.logits import find_verified_head
 from mlxserve.server.lifecycle.loading import convert_for_backend
 from tests.conftest import Collector, greedy_reference, make_tiny_llama, submit
 
@@ -199,6 +200,20 @@ class TestDispatch:
         want = np.array(x).astype(np.float64) @ dense.astype(np.float64).T
         assert relative_error(inside, want) <= TOLERANCE
         assert relative_error(outside, want) <= 1e-5
+
+    def test_the_load_time_head_check_runs_in_the_forwards_scope(self, monkeypatch):
+        """The split-head check at load runs its probe forwards where the model's forwards
+        run: inside the scope the native op serves them (outside, MLX's naive CPU kernel took
+        1.5 s of SmolLM2's start-up)."""
+        model = make_tiny_llama().model
+        nn.quantize(model, group_size=32, bits=4)
+        assert native_ops.plan_native_ops(model).active
+        calls = self.counted(monkeypatch)
+        assert find_verified_head(model, native_ops=True) is not None
+        assert calls, "the probe forwards inside the scope take the native op"
+        served = len(calls)
+        assert find_verified_head(model, native_ops=False) is not None
+        assert len(calls) == served, "outside the scope the probe forwards are MLX's"
 
     @pytest.mark.parametrize(
         "case", ["transpose=False", "no biases", "float16 x", "2-bit", "stream"]
