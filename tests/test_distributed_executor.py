@@ -117,6 +117,16 @@ class TestLostRank:
         with pytest.raises(ExecutorFailed, match="rank 1"):
             executor.forward(sample_batch())
 
+    def test_a_connection_closed_on_rank_0_breaks_the_group_not_the_monitor(self, setup):
+        """The monitor's wait on a socket closed under it (EBADF, or fileno -1 once closed)
+        is a lost group, not an exception in the monitor thread."""
+        executor, _, _, _, lost, _ = setup
+        executor.group.workers[0].close()
+        executor._watch()  # what the monitor thread runs, on the closed socket
+        assert lost == ["a control connection was closed on rank 0"], lost
+        with pytest.raises(ExecutorFailed, match="closed on rank 0"):
+            executor.forward(sample_batch())
+
     def test_a_step_stuck_in_a_collective_gives_up_when_the_rank_dies(self, setup):
         executor, local, theirs, _, _, _ = setup
         local.release.clear()  # rank 0's step never ends, as in a dead peer's collective

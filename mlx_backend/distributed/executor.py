@@ -246,16 +246,23 @@ class DistributedExecutor:
         failure; that ends the group, also while the engine is idle or stuck in a
         collective with the dead rank."""
         socks = list(self.group.workers)
-        readable, _, _ = select.select(socks, [], [], None)
+        try:
+            readable, _, _ = select.select(socks, [], [], None)
+        except (OSError, ValueError):  # a connection was closed under the wait (EBADF, -1)
+            readable = []
         if self._closing:
             return
-        rank = self.group.workers.index(readable[0]) + 1
-        try:
-            data = readable[0].recv(1, socket.MSG_PEEK)
-        except OSError:
-            data = b""
-        reason = f"rank {rank} reported a failure" if data else f"rank {rank} is gone"
-        if self._mark_lost(reason + " (its control connection closed)" * (not data)):
+        if readable:
+            rank = self.group.workers.index(readable[0]) + 1
+            try:
+                data = readable[0].recv(1, socket.MSG_PEEK)
+            except OSError:
+                data = b""
+            reason = f"rank {rank} reported a failure" if data else f"rank {rank} is gone"
+            detail = reason + " (its control connection closed)" * (not data)
+        else:
+            reason = detail = "a control connection was closed on rank 0"
+        if self._mark_lost(detail):
             if self.on_lost is not None:
                 self.on_lost(reason)
 
