@@ -90,7 +90,7 @@ class LineAlignedBuffer {
 // per block of W rows and run ~5% faster from a line-aligned copy (a copy of x is ~1% of
 // the product's time). The copy, like the aligned scratch, changes no value.
 const float* line_aligned(const float* x, size_t floats) {
-  if (reinterpret_cast<uintptr_t>(x) % 64 == 0) {
+  if (floats == 0 || reinterpret_cast<uintptr_t>(x) % 64 == 0) {
     return x;
   }
   thread_local LineAlignedBuffer copy;

@@ -35,7 +35,7 @@ def pool_zeros(shape: tuple[int, ...], dtype: mx.Dtype) -> mx.array:
     """``mx.zeros(shape, dtype)`` for a pool: on the CPU from the native op when it is built
     (the zeros written from the kernel thread pool onto transparent huge pages; ``mx.zeros``
     faults a pool in 4 KiB page by page: the default plan's 5.8 GB of SmolLM2 pools took
-    12-17 s of start-up, 4 s this way), else MLX's."""
+    ~13 s of start-up, ~4 s this way), else MLX's."""
     if mx.default_device() == mx.cpu:
         module, _ = native.extension()
         if module is not None:
