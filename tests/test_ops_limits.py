@@ -36,9 +36,11 @@ class TestQueueFull:
         model = smollm.model_id
         with running_server(smollm, engine_config, config) as srv:
             engine = srv.engine
+            # 200 tokens: the running request must outlast the queued and the refused
+            # requests' round trips (20 tokens, ~0.6 s on a fast machine, did not once).
             with httpx.stream(
                 "POST", srv.url + "/v1/completions",
-                json=completion(model, max_tokens=20, stream=True), timeout=120,
+                json=completion(model, max_tokens=200, stream=True), timeout=120,
             ) as running:  # fmt: skip
                 # NOTE: keep the iterator: a collected one closes the connection (an abort).
                 events = sse_payloads(running.iter_lines())
