@@ -66,10 +66,6 @@ std::vector<mx::Shape> PoolZeros::output_shapes(const std::vector<mx::array>&) {
   return {shape_};
 }
 
-bool PoolZeros::is_equivalent(const mx::Primitive& other) const {
-  return shape_ == static_cast<const PoolZeros&>(other).shape_;
-}
-
 void PoolZeros::eval_cpu(const std::vector<mx::array>&, mx::array& out) {
   out.set_data(mx::allocator::malloc(out.nbytes()));
   auto& encoder = mx::cpu::get_command_encoder(stream());

@@ -29,7 +29,8 @@ class PoolZeros : public mx::UnaryPrimitive {
   void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
-  bool is_equivalent(const mx::Primitive& other) const override;
+  // No is_equivalent: Primitive's (false) keeps every pool its own buffer; two pools of
+  // one shape found equivalent could be merged by MLX's graph simplification.
   const char* name() const override {
     return "MlxservePoolZeros";
   }

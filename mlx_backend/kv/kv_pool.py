@@ -36,7 +36,7 @@ def pool_zeros(shape: tuple[int, ...], dtype: mx.Dtype) -> mx.array:
     (the zeros written from the kernel thread pool onto transparent huge pages; ``mx.zeros``
     faults a pool in 4 KiB page by page: the default plan's 5.8 GB of SmolLM2 pools took
     ~13 s of start-up, ~4 s this way), else MLX's."""
-    if mx.default_device() == mx.cpu:
+    if mx.default_device().type == mx.cpu:
         module, _ = native.extension()
         if module is not None:
             return module.pool_zeros(list(shape), dtype)
