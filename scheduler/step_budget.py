@@ -71,8 +71,7 @@ class StepBudget:
                 return
             # The step less a decode step; at least a tenth of the step, so that noise (a
             # decode step measured under load) never makes prompt tokens look free.
-            decode_s = self.decode_unit_s * (decode_tokens + FORWARD_OVERHEAD_TOKENS)
-            extra = max(seconds - decode_s, 0.1 * seconds)
+            extra = max(seconds - self._decode_step_s(decode_tokens), 0.1 * seconds)
             self.packed_token_s = _average(self.packed_token_s, extra / (tokens - decode_tokens))
         else:
             per_token = seconds / (tokens + FORWARD_OVERHEAD_TOKENS * max(1, forwards))
@@ -84,8 +83,7 @@ class StepBudget:
         if decode_rows == 0:
             return self.max_prefill_tokens
         if packed and self.decode_unit_s is not None and self.packed_token_s is not None:
-            decode_s = self.decode_unit_s * (decode_rows + FORWARD_OVERHEAD_TOKENS)
-            fits = int(PREFILL_STEP_RATIO * decode_s / self.packed_token_s)
+            fits = int(PREFILL_STEP_RATIO * self._decode_step_s(decode_rows) / self.packed_token_s)
         elif packed:
             fits = int(PREFILL_STEP_RATIO * (decode_rows + FORWARD_OVERHEAD_TOKENS))
         elif self.decode_s is None or self.token_s is None:
@@ -94,6 +92,11 @@ class StepBudget:
             per_step = PREFILL_STEP_RATIO * self.decode_s / self.token_s
             fits = int(per_step) - FORWARD_OVERHEAD_TOKENS
         return min(self.max_prefill_tokens, max(MIN_CHUNK_TOKENS, fits))
+
+    def _decode_step_s(self, rows: int) -> float:
+        """The estimated time of a decode step of ``rows`` rows (``decode_unit_s`` known)."""
+        assert self.decode_unit_s is not None
+        return self.decode_unit_s * (rows + FORWARD_OVERHEAD_TOKENS)
 
 
 def _average(old: float | None, new: float) -> float:
